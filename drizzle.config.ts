@@ -1,0 +1,10 @@
+import { defineConfig } from "drizzle-kit";
+
+// Migrations of @softcrum/core's own tables (schema `core`). Modules keep
+// theirs beside their code (see apps/loyalty/drizzle.config.ts).
+export default defineConfig({
+  dialect: "postgresql",
+  schema: "./packages/core/src/db/schema.ts",
+  out: "./drizzle",
+  schemaFilter: ["core"],
+});

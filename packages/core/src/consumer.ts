@@ -1,0 +1,474 @@
+/**
+ * The consumer harness. Glossary:
+ * - job: one unit of work, identified by its envelope's `job_id` (UUID v7);
+ * - envelope: `{ job_id, tenant_id, correlation_id, kind, data }`, the wire shape of every job;
+ * - attempt: one run of the handler for a job; the first run is attempt 1;
+ * - fence: the `core.processed_jobs` row (job_id, consumer), inserted in the same
+ *   transaction as the handler's work, so the work commits at most once;
+ * - dead letter: a `core.dead_letters` row holding a job that will not complete by
+ *   itself, with its payload and the evidence of why.
+ */
+import { createHash } from "node:crypto";
+import { sql } from "drizzle-orm";
+import type { PgDatabase, PgQueryResultHKT, PgTransaction } from "drizzle-orm/pg-core";
+import { uuidv7 } from "uuidv7";
+import type { z } from "zod";
+import { type DeadLetterErrorClass, deadLetters, LAST_ERROR_MAX, processedJobs } from "./db/schema.ts";
+import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, jobCreatedAt } from "./envelope.ts";
+import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
+import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
+import { consoleLogger, type Logger } from "./ports/logger.ts";
+import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
+import type { BoundConsumer, Delivery, DeliveryOutcome, DeliveryResult } from "./queue-port.ts";
+import { type RetryPolicy, resolveRetryPolicy, retryDelayMs } from "./retry.ts";
+
+// biome-ignore lint/suspicious/noExplicitAny: any Drizzle Postgres database (postgres.js, PGlite, ...) with any schema.
+export type AnyPgDatabase = PgDatabase<PgQueryResultHKT, any, any>;
+/** The Drizzle transaction a handler does its work in; the fence is already written in it. */
+// biome-ignore lint/suspicious/noExplicitAny: the module's own schema types are not known here.
+export type WorkTransaction = PgTransaction<PgQueryResultHKT, any, any>;
+
+export interface HandlerContext {
+  /** Do every database write of the job through this: it commits or rolls back together with the fence. */
+  readonly tx: WorkTransaction;
+  readonly envelope: Envelope;
+  /** 1 on the first run of the handler for this job. */
+  readonly attempt: number;
+  /**
+   * A stable key for this (job, consumer), to pass to providers that accept an
+   * idempotency key (payments, e-mail): their side effects are outside the
+   * transaction, so only the provider can de-duplicate them.
+   */
+  readonly idempotencyKey: string;
+}
+
+export interface ConsumerDefinition<TSchema extends z.ZodType> {
+  /** Unique, stable name: it is the fence's `consumer` column, so renaming it re-runs every job. */
+  readonly name: string;
+  /** The queue this consumer reads. */
+  readonly queue: string;
+  /** The envelope kind(s) accepted, version included (`points.award.v1`). Any other kind is poison. */
+  readonly kind: string | readonly string[];
+  /** Validates `envelope.data`; data that fails it is poison (dead-lettered, never retried). */
+  readonly schema: TSchema;
+  /** The work. Throw to fail: `PermanentError` to dead-letter now, `RateLimitedError` to wait without spending an attempt, anything else to retry. */
+  readonly handle: (data: z.output<TSchema>, ctx: HandlerContext) => Promise<void>;
+  /** Overrides of the platform retry policy; needs a justification in the module's spec. @default DEFAULT_RETRY_POLICY */
+  readonly retry?: Partial<RetryPolicy>;
+  /** Business validity: a job older than this (from its job_id's timestamp) is dead-lettered as `expired`. @default no limit */
+  readonly maxAgeMs?: number;
+  /**
+   * Jobs with the same key run one at a time (a transaction-scoped advisory
+   * lock taken before the fence), live and replayed alike. @default none
+   */
+  readonly orderingKey?: (data: z.output<TSchema>, envelope: Envelope) => string;
+}
+
+export interface Consumer<TSchema extends z.ZodType = z.ZodType> extends ConsumerDefinition<TSchema> {
+  readonly kinds: ReadonlySet<string>;
+  readonly retryPolicy: RetryPolicy;
+}
+
+const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$/;
+
+/** Validates a consumer definition once, at module load, so a bad one fails at start and not on the first job. */
+export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDefinition<TSchema>): Consumer<TSchema> {
+  const owner = `consumer ${JSON.stringify(definition?.name)}`;
+  if (typeof definition?.name !== "string" || !NAME_PATTERN.test(definition.name)) {
+    throw new InvalidConfigError(
+      `${owner}: name must be 1-200 letters, digits or . _ : - (it is stored in every fence row)`,
+    );
+  }
+  if (typeof definition.queue !== "string" || !NAME_PATTERN.test(definition.queue)) {
+    throw new InvalidConfigError(
+      `${owner}: queue must be 1-200 letters, digits or . _ : -, got ${JSON.stringify(definition.queue)}`,
+    );
+  }
+  const kindList = typeof definition.kind === "string" ? [definition.kind] : [...(definition.kind ?? [])];
+  if (
+    kindList.length === 0 ||
+    kindList.some((k) => typeof k !== "string" || k.length === 0 || k.length > ENVELOPE_FIELD_MAX)
+  ) {
+    throw new InvalidConfigError(`${owner}: kind must be a non-empty string or a non-empty list of them`);
+  }
+  if (typeof definition.schema?.safeParse !== "function") {
+    throw new InvalidConfigError(`${owner}: schema must be a Zod schema for the job's data`);
+  }
+  if (typeof definition.handle !== "function") {
+    throw new InvalidConfigError(`${owner}: handle must be a function`);
+  }
+  if (definition.maxAgeMs !== undefined && !(Number.isFinite(definition.maxAgeMs) && definition.maxAgeMs > 0)) {
+    throw new InvalidConfigError(`${owner}: maxAgeMs must be a positive number of milliseconds`);
+  }
+  return Object.freeze({
+    ...definition,
+    kinds: new Set(kindList),
+    retryPolicy: resolveRetryPolicy(definition.retry, owner),
+  });
+}
+
+/** What a consumer needs at run time; the module's composition root supplies it. */
+export interface HarnessDeps {
+  /** Drizzle database (postgres.js in production, PGlite for the embedded demo). */
+  readonly db: AnyPgDatabase;
+  /** @default no alerts */
+  readonly alerts?: AlertPort;
+  /** @default no metrics */
+  readonly metrics?: MetricsPort;
+  /** @default console */
+  readonly logger?: Logger;
+  /** Source of jitter, in [0, 1). @default Math.random */
+  readonly random?: () => number;
+  /** Current time in ms since the epoch, for `maxAgeMs`. @default Date.now */
+  readonly now?: () => number;
+}
+
+/** Binds a consumer to its database and ports; the result is what a transport adapter delivers to. */
+export function bindConsumer<TSchema extends z.ZodType>(consumer: Consumer<TSchema>, deps: HarnessDeps): BoundConsumer {
+  return new ConsumerRunner(consumer, deps);
+}
+
+type DeadLetterInput = {
+  errorClass: DeadLetterErrorClass;
+  attempts: number;
+  error: string;
+  received: ReceivedPayload;
+  envelope: Partial<Record<"job_id" | "tenant_id" | "correlation_id" | "kind", string>>;
+};
+
+/** The payload as stored in a dead letter, plus what JSON it held (if any). */
+interface ReceivedPayload {
+  text: string;
+  encoding: "utf8" | "base64";
+  value?: unknown;
+  decodeError?: string;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
+  readonly name: string;
+  readonly queue: string;
+  readonly #consumer: Consumer<TSchema>;
+  readonly #db: AnyPgDatabase;
+  readonly #alerts: AlertPort;
+  readonly #metrics: MetricsPort;
+  readonly #logger: Logger;
+  readonly #random: () => number;
+  readonly #now: () => number;
+
+  constructor(consumer: Consumer<TSchema>, deps: HarnessDeps) {
+    if (typeof deps?.db?.transaction !== "function") {
+      throw new InvalidConfigError(`consumer "${consumer.name}": deps.db must be a Drizzle Postgres database`);
+    }
+    this.#consumer = consumer;
+    this.name = consumer.name;
+    this.queue = consumer.queue;
+    this.#db = deps.db;
+    this.#alerts = deps.alerts ?? noopAlerts;
+    this.#metrics = deps.metrics ?? noopMetrics;
+    this.#logger = deps.logger ?? consoleLogger;
+    this.#random = deps.random ?? Math.random;
+    this.#now = deps.now ?? Date.now;
+  }
+
+  async deliver(delivery: Delivery): Promise<DeliveryResult> {
+    const consumer = this.#consumer;
+    const received = decodeBody(delivery.body);
+
+    // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.
+    if (received.decodeError !== undefined) {
+      return this.#poison(received, received.decodeError, {});
+    }
+    const check = checkEnvelope(received.value);
+    if (!check.ok) {
+      return this.#poison(received, `invalid envelope: ${check.issues.join("; ")}`, readableFields(received.value));
+    }
+    const envelope = check.envelope;
+    if (!consumer.kinds.has(envelope.kind)) {
+      const accepted = [...consumer.kinds].join(", ");
+      return this.#poison(
+        received,
+        `kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`,
+        envelope,
+      );
+    }
+    const parsed = consumer.schema.safeParse(envelope.data);
+    if (!parsed.success) {
+      return this.#poison(
+        received,
+        `invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`,
+        envelope,
+      );
+    }
+
+    const attempt = Number.isInteger(delivery.deliveryCount) && delivery.deliveryCount > 0 ? delivery.deliveryCount : 1;
+    const policy = consumer.retryPolicy;
+
+    // A delivery past the budget means earlier ones died without reporting
+    // (worker crash, timeout): running the handler again could loop forever.
+    if (attempt > policy.maxAttempts) {
+      if (await this.#alreadyProcessed(envelope.job_id))
+        return this.#finish("duplicate", { outcome: "duplicate", ack: true });
+      return this.#deadLetter({
+        errorClass: "exhausted",
+        attempts: attempt - 1,
+        error: `delivery ${attempt} is past the budget of ${policy.maxAttempts} attempts; the handler was not run again (earlier deliveries crashed or timed out the worker)`,
+        received,
+        envelope,
+      });
+    }
+    if (consumer.maxAgeMs !== undefined) {
+      const age = this.#now() - jobCreatedAt(envelope.job_id);
+      if (age > consumer.maxAgeMs) {
+        if (await this.#alreadyProcessed(envelope.job_id))
+          return this.#finish("duplicate", { outcome: "duplicate", ack: true });
+        return this.#deadLetter({
+          errorClass: "expired",
+          attempts: attempt - 1,
+          error: `job is ${age} ms old, past ${consumer.name}'s maximum age of ${consumer.maxAgeMs} ms`,
+          received,
+          envelope,
+        });
+      }
+    }
+
+    // 2. Fence + work in one transaction.
+    const started = performance.now();
+    let ran: boolean;
+    try {
+      ran = await this.#db.transaction(async (tx) => {
+        if (consumer.orderingKey) {
+          const key = consumer.orderingKey(parsed.data, envelope);
+          // The consumer name prefixes the key ("|" cannot occur in a name), so two
+          // consumers never wait on each other; Postgres text cannot hold NUL.
+          const lockKey = `${consumer.name}|${key.replaceAll("\u0000", "")}`;
+          await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(${lockKey}, 0))`);
+        }
+        // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
+        // and then sees the conflict: two parallel deliveries give one effect.
+        const fence = await tx
+          .insert(processedJobs)
+          .values({ jobId: envelope.job_id, consumer: consumer.name })
+          .onConflictDoNothing()
+          .returning({ jobId: processedJobs.jobId });
+        if (fence.length === 0) return false;
+        await consumer.handle(parsed.data, new Context(tx, envelope, attempt, consumer.name));
+        return true;
+      });
+    } catch (thrown) {
+      // 4. The transaction rolled back: no fence, no effect.
+      const failure = classifyFailure(thrown);
+      const duration = performance.now() - started;
+      if (failure.failureClass === "rate_limited") {
+        const retryAfterMs = failure.retryAfterMs ?? retryDelayMs(policy, 1, this.#random);
+        this.#metrics.handlerDuration(duration, this.#attributes("rate_limited"));
+        return this.#finish("rate_limited", {
+          outcome: "rate_limited",
+          ack: false,
+          retryAfterMs,
+          spendsAttempt: false,
+          error: failure.message,
+        });
+      }
+      this.#metrics.handlerDuration(
+        duration,
+        this.#attributes(failure.failureClass === "permanent" ? "dead_lettered" : "retry"),
+      );
+      if (failure.failureClass === "permanent" || attempt >= policy.maxAttempts) {
+        return this.#deadLetter({
+          errorClass: failure.failureClass === "permanent" ? "permanent" : "exhausted",
+          attempts: attempt,
+          error: failure.message,
+          received,
+          envelope,
+        });
+      }
+      return this.#finish("retry", {
+        outcome: "retry",
+        ack: false,
+        retryAfterMs: retryDelayMs(policy, attempt, this.#random),
+        spendsAttempt: true,
+        error: failure.message,
+      });
+    }
+    // 3. Duplicate: acknowledged silently, counted.
+    const outcome = ran ? "success" : "duplicate";
+    this.#metrics.handlerDuration(performance.now() - started, this.#attributes(outcome));
+    return this.#finish(outcome, { outcome, ack: true });
+  }
+
+  #attributes(outcome: DeliveryOutcome): JobMetricAttributes {
+    return { queue: this.queue, consumer: this.name, outcome };
+  }
+
+  #finish<R extends DeliveryResult>(outcome: DeliveryOutcome, result: R): R {
+    this.#metrics.jobProcessed(this.#attributes(outcome));
+    return result;
+  }
+
+  async #alreadyProcessed(jobId: string): Promise<boolean> {
+    const rows = await this.#db
+      .select({ jobId: processedJobs.jobId })
+      .from(processedJobs)
+      .where(sql`${processedJobs.jobId} = ${jobId} and ${processedJobs.consumer} = ${this.name}`)
+      .limit(1);
+    return rows.length > 0;
+  }
+
+  #poison(received: ReceivedPayload, error: string, fields: DeadLetterInput["envelope"]): Promise<DeliveryResult> {
+    return this.#deadLetter({ errorClass: "poison", attempts: 0, error, received, envelope: fields });
+  }
+
+  /**
+   * Writes the dead letter, or says the delivery must not be acknowledged: a
+   * dead letter that was not written is a job that must come back.
+   */
+  async #deadLetter(input: DeadLetterInput): Promise<DeliveryResult> {
+    const outcome = input.errorClass === "poison" ? "poison" : "dead_lettered";
+    const error = boundedText(input.error, LAST_ERROR_MAX) ?? "unknown error";
+    const jobId = boundedText(input.envelope.job_id, ENVELOPE_FIELD_MAX);
+    const row = {
+      id: uuidv7(),
+      jobId,
+      queue: this.queue,
+      consumer: this.name,
+      payload: input.received.text,
+      payloadEncoding: input.received.encoding,
+      attempts: input.attempts,
+      lastError: error,
+      errorClass: input.errorClass,
+      tenantId: boundedText(input.envelope.tenant_id, ENVELOPE_FIELD_MAX),
+      correlationId: boundedText(input.envelope.correlation_id, ENVELOPE_FIELD_MAX),
+      kind: boundedText(input.envelope.kind, ENVELOPE_FIELD_MAX),
+    };
+    let written: { id: string; inserted: boolean } | undefined;
+    try {
+      // At most one pending_review row per (job, consumer): a second failure of
+      // the same job while it waits for review updates that row's evidence.
+      [written] = await this.#db
+        .insert(deadLetters)
+        .values(row)
+        .onConflictDoUpdate({
+          target: [deadLetters.jobId, deadLetters.consumer],
+          targetWhere: sql`status = 'pending_review'`,
+          set: {
+            occurrences: sql`${deadLetters.occurrences} + 1`,
+            lastSeenAt: sql`now()`,
+            lastError: sql`excluded.last_error`,
+            attempts: sql`excluded.attempts`,
+          },
+        })
+        .returning({ id: deadLetters.id, inserted: sql<boolean>`(xmax = 0)` });
+    } catch (thrown) {
+      const message = `dead letter could not be written: ${describeError(thrown)}`;
+      this.#logger.error(message, { queue: this.queue, consumer: this.name, jobId, errorClass: input.errorClass });
+      return this.#finish("dead_letter_failed", { outcome: "dead_letter_failed", ack: false, error: message });
+    }
+    if (!written) throw new Error("dead letter insert returned no row"); // unreachable: upsert always returns one
+    if (written.inserted) {
+      this.#alert({
+        deadLetterId: written.id,
+        jobId,
+        queue: this.queue,
+        consumer: this.name,
+        tenantId: row.tenantId,
+        kind: row.kind,
+        correlationId: row.correlationId,
+        errorClass: input.errorClass,
+        attempts: input.attempts,
+        error: error.slice(0, 500),
+      });
+    }
+    return this.#finish(outcome, { outcome, ack: true, deadLetterId: written.id, errorClass: input.errorClass });
+  }
+
+  /** Fire and forget: the row is the evidence, the alert only points at it. */
+  #alert(alert: DeadLetterAlert): void {
+    const failed = (thrown: unknown) => {
+      this.#metrics.alertFailed({ queue: this.queue, consumer: this.name });
+      this.#logger.warn(`dead-letter alert failed: ${describeError(thrown)}`, { deadLetterId: alert.deadLetterId });
+    };
+    try {
+      Promise.resolve(this.#alerts.deadLetterCreated(alert)).catch(failed);
+    } catch (thrown) {
+      failed(thrown);
+    }
+  }
+}
+
+class Context implements HandlerContext {
+  #idempotencyKey: string | undefined;
+  constructor(
+    readonly tx: WorkTransaction,
+    readonly envelope: Envelope,
+    readonly attempt: number,
+    private readonly consumerName: string,
+  ) {}
+
+  // Computed on first use: most handlers never call an external provider.
+  get idempotencyKey(): string {
+    this.#idempotencyKey ??= createHash("sha256")
+      .update(`${this.envelope.job_id}\u0000${this.consumerName}`)
+      .digest("hex");
+    return this.#idempotencyKey;
+  }
+}
+
+function decodeBody(body: unknown): ReceivedPayload {
+  if (typeof body === "string") return decodeText(body);
+  if (body instanceof Uint8Array) {
+    let text: string;
+    try {
+      text = utf8.decode(body);
+    } catch {
+      return {
+        text: Buffer.from(body).toString("base64"),
+        encoding: "base64",
+        decodeError: "payload is not UTF-8 text",
+      };
+    }
+    return decodeText(text);
+  }
+  // A transport that already decoded the JSON for us.
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(body);
+  } catch {}
+  return { ...storable(text ?? String(body)), value: body };
+}
+
+function decodeText(text: string): ReceivedPayload {
+  const stored = storable(text);
+  try {
+    return { ...stored, value: JSON.parse(text) };
+  } catch (thrown) {
+    return { ...stored, decodeError: `payload is not JSON: ${describeError(thrown)}` };
+  }
+}
+
+/** Postgres text cannot hold NUL: such payloads are kept as base64 of their UTF-8 bytes. */
+function storable(text: string): Pick<ReceivedPayload, "text" | "encoding"> {
+  return text.includes("\u0000")
+    ? { text: Buffer.from(text, "utf8").toString("base64"), encoding: "base64" }
+    : { text, encoding: "utf8" };
+}
+
+/** The envelope fields of an invalid payload that are still readable, as evidence for the operator. */
+function readableFields(value: unknown): DeadLetterInput["envelope"] {
+  if (typeof value !== "object" || value === null) return {};
+  const v = value as Record<string, unknown>;
+  const pick = (key: string) => (typeof v[key] === "string" ? (v[key] as string) : undefined);
+  return {
+    job_id: pick("job_id"),
+    tenant_id: pick("tenant_id"),
+    correlation_id: pick("correlation_id"),
+    kind: pick("kind"),
+  };
+}
+
+function boundedText(value: string | undefined, max: number): string | null {
+  if (value === undefined) return null;
+  const clean = value.replaceAll("\u0000", "");
+  return clean.length > max ? `${clean.slice(0, max - 1)}…` : clean;
+}

@@ -1,0 +1,82 @@
+import { uuidv7 } from "uuidv7";
+import { z } from "zod";
+import { InvalidEnvelopeError } from "./errors.ts";
+
+/** Longest tenant_id, correlation_id and kind accepted, in characters. */
+export const ENVELOPE_FIELD_MAX = 200;
+
+const boundedText = z.string().min(1, "must be a non-empty string").max(ENVELOPE_FIELD_MAX);
+
+/**
+ * The wire shape of every job. `kind` carries the schema version
+ * (`points.award.v2`): a new version is a new kind, so messages of the old one
+ * stay valid while they drain. Unknown top-level keys are stripped rather than
+ * refused, so a later envelope field does not poison older consumers.
+ */
+export const envelopeSchema = z.object({
+  job_id: z.uuid({ version: "v7", error: "must be a UUID version 7" }),
+  tenant_id: boundedText,
+  correlation_id: boundedText,
+  kind: boundedText.regex(/^[A-Za-z0-9][A-Za-z0-9._:-]*$/, "must be letters, digits and . _ : -"),
+  data: z.unknown().refine((value) => value !== undefined, "is required"),
+});
+
+export interface Envelope<TData = unknown> {
+  readonly job_id: string;
+  readonly tenant_id: string;
+  readonly correlation_id: string;
+  readonly kind: string;
+  readonly data: TData;
+}
+
+export interface CreateEnvelopeInput<TData> {
+  tenantId: string;
+  kind: string;
+  data: TData;
+  /** @default the new job_id: the job starts its own correlation chain. */
+  correlationId?: string;
+  /**
+   * A caller-chosen job id (must be UUID v7), for producers that need a re-run
+   * to be a no-op (one job per tenant per tick).
+   * @default a fresh uuidv7
+   */
+  jobId?: string;
+}
+
+/** Builds a validated envelope with a fresh uuidv7 job_id. Producers never hand-build envelopes. */
+export function createEnvelope<TData>(input: CreateEnvelopeInput<TData>): Envelope<TData> {
+  const jobId = input.jobId ?? uuidv7();
+  return parseEnvelope({
+    job_id: jobId,
+    tenant_id: input.tenantId,
+    correlation_id: input.correlationId ?? jobId,
+    kind: input.kind,
+    data: input.data,
+  }) as Envelope<TData>;
+}
+
+export type EnvelopeCheck = { ok: true; envelope: Envelope } | { ok: false; issues: string[] };
+
+/** Validates a value as an envelope without throwing. */
+export function checkEnvelope(value: unknown): EnvelopeCheck {
+  const result = envelopeSchema.safeParse(value);
+  if (result.success) return { ok: true, envelope: result.data as Envelope };
+  return { ok: false, issues: formatIssues(result.error) };
+}
+
+/** Validates a value as an envelope; throws `InvalidEnvelopeError` listing every problem. */
+export function parseEnvelope(value: unknown): Envelope {
+  const check = checkEnvelope(value);
+  if (!check.ok) throw new InvalidEnvelopeError(check.issues);
+  return check.envelope;
+}
+
+/** `path: message` for each Zod issue; the root is called `envelope`. */
+export function formatIssues(error: z.ZodError): string[] {
+  return error.issues.map((issue) => `${issue.path.length > 0 ? issue.path.join(".") : "envelope"}: ${issue.message}`);
+}
+
+/** Milliseconds since the epoch encoded in a UUID v7 (its first 48 bits): when the job was created. */
+export function jobCreatedAt(jobId: string): number {
+  return Number.parseInt(jobId.replaceAll("-", "").slice(0, 12), 16);
+}

@@ -1,0 +1,60 @@
+// The public API of @softcrum/core. Adapters live on their own subpaths
+// (`@softcrum/core/adapters/memory`) so importing the core loads no vendor SDK.
+
+export type { Clock, ManualClock } from "./clock.ts";
+export { createManualClock, systemClock } from "./clock.ts";
+export type {
+  AnyPgDatabase,
+  Consumer,
+  ConsumerDefinition,
+  HandlerContext,
+  HarnessDeps,
+  WorkTransaction,
+} from "./consumer.ts";
+export { bindConsumer, defineConsumer } from "./consumer.ts";
+export type { DeadLetterErrorClass, DeadLetterRow, DeadLetterStatus, ProcessedJobRow } from "./db/schema.ts";
+export {
+  DEAD_LETTER_STATUSES,
+  deadLetters,
+  ERROR_CLASSES,
+  LAST_ERROR_MAX,
+  processedJobs,
+} from "./db/schema.ts";
+export type { CreateEnvelopeInput, Envelope, EnvelopeCheck } from "./envelope.ts";
+export {
+  checkEnvelope,
+  createEnvelope,
+  ENVELOPE_FIELD_MAX,
+  envelopeSchema,
+  jobCreatedAt,
+  parseEnvelope,
+} from "./envelope.ts";
+export type { ClassifiedFailure, FailureClass, SoftcrumErrorCode } from "./errors.ts";
+export {
+  classifyFailure,
+  describeError,
+  InvalidConfigError,
+  InvalidEnvelopeError,
+  isSoftcrumError,
+  PermanentError,
+  QueueClosedError,
+  RateLimitedError,
+  SoftcrumError,
+} from "./errors.ts";
+export type { AlertPort, DeadLetterAlert } from "./ports/alerts.ts";
+export { noopAlerts } from "./ports/alerts.ts";
+export type { Logger } from "./ports/logger.ts";
+export { consoleLogger } from "./ports/logger.ts";
+export type { JobMetricAttributes, MetricsPort } from "./ports/metrics.ts";
+export { noopMetrics } from "./ports/metrics.ts";
+export type {
+  BoundConsumer,
+  Delivery,
+  DeliveryOutcome,
+  DeliveryResult,
+  PublishOptions,
+  PublishReceipt,
+  QueuePort,
+} from "./queue-port.ts";
+export type { RetryPolicy } from "./retry.ts";
+export { DEFAULT_RETRY_POLICY, maxRetryWindowMs, resolveRetryPolicy, retryDelayMs } from "./retry.ts";

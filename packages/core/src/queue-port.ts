@@ -1,0 +1,87 @@
+import type { Envelope } from "./envelope.ts";
+
+export interface PublishOptions {
+  /** Hold the message back this long before its first delivery. @default 0 */
+  readonly delayMs?: number;
+  /**
+   * Transport-level de-duplication key, for adapters whose provider supports
+   * one. Never pass the job_id here for a replay: the provider would drop the
+   * replay inside its de-duplication window. The job_id fence already makes
+   * redelivery harmless. @default none
+   */
+  readonly idempotencyKey?: string;
+}
+
+export interface PublishReceipt {
+  /** The transport's id for the message, when it gives one. */
+  readonly messageId: string | null;
+}
+
+/**
+ * How producers put jobs on queues. Every adapter validates the envelope
+ * before sending: an invalid one throws `InvalidEnvelopeError` at the producer
+ * and never becomes a message.
+ */
+export interface QueuePort {
+  publish(queue: string, payload: Envelope, opts?: PublishOptions): Promise<PublishReceipt>;
+  /** Delivers no earlier than `runAt`; a time in the past publishes now. */
+  schedule(queue: string, payload: Envelope, runAt: Date): Promise<PublishReceipt>;
+}
+
+/** One delivery of one message, as a transport hands it to a consumer. */
+export interface Delivery {
+  /** The message body as received: the raw text or bytes, or a value the transport already decoded. */
+  readonly body: string | Uint8Array | unknown;
+  /**
+   * Which run of the handler this is for this message, the first being 1. It
+   * counts deliveries that may have run the handler, so a delivery that crashed
+   * the worker counts; deferrals for rate limiting (see
+   * `DeliveryResult.spendsAttempt`) do not.
+   */
+  readonly deliveryCount: number;
+  /** The transport's message id, for logs. */
+  readonly messageId?: string | undefined;
+}
+
+/**
+ * What the harness decided for a delivery, and what the transport must do:
+ * `ack: true` removes the message; `ack: false` with `retryAfterMs` makes it
+ * visible again after that delay; `ack: false` without it leaves the message
+ * to the transport's own redelivery (visibility timeout).
+ *
+ * Outcomes:
+ * - `success`: the handler's work and the fence committed together;
+ * - `duplicate`: the fence was already there, nothing ran;
+ * - `retry`: a transient failure, the attempt was spent;
+ * - `rate_limited`: a rate limit said wait; the attempt was not spent;
+ * - `dead_lettered`: exhausted, permanent or expired, a dead letter was written;
+ * - `poison`: the payload is invalid, a dead letter was written with zero retries;
+ * - `dead_letter_failed`: the dead letter could not be written; the message
+ *   must come back, so that nothing is lost.
+ */
+export type DeliveryResult =
+  | { readonly outcome: "success" | "duplicate"; readonly ack: true }
+  | {
+      readonly outcome: "dead_lettered" | "poison";
+      readonly ack: true;
+      readonly deadLetterId: string;
+      readonly errorClass: string;
+    }
+  | {
+      readonly outcome: "retry" | "rate_limited";
+      readonly ack: false;
+      readonly retryAfterMs: number;
+      /** False for `rate_limited`: the next delivery must not count as a new attempt. */
+      readonly spendsAttempt: boolean;
+      readonly error: string;
+    }
+  | { readonly outcome: "dead_letter_failed"; readonly ack: false; readonly error: string };
+
+export type DeliveryOutcome = DeliveryResult["outcome"];
+
+/** A consumer bound to its dependencies, ready for a transport to feed deliveries to. */
+export interface BoundConsumer {
+  readonly name: string;
+  readonly queue: string;
+  deliver(delivery: Delivery): Promise<DeliveryResult>;
+}

@@ -1,0 +1,75 @@
+import { InvalidConfigError } from "./errors.ts";
+
+/**
+ * When a transient failure is retried. The platform default (seed 001) is
+ * 5 attempts, base 30 s, cap 1 h; overriding it for a queue needs a written
+ * justification in that module's spec.
+ */
+export interface RetryPolicy {
+  /** Runs of the handler in all, the first included. @default 5 */
+  readonly maxAttempts: number;
+  /** Delay scale: the ceiling of the first retry's delay. @default 30_000 */
+  readonly baseDelayMs: number;
+  /** No delay exceeds this. @default 3_600_000 */
+  readonly maxDelayMs: number;
+}
+
+export const DEFAULT_RETRY_POLICY: RetryPolicy = Object.freeze({
+  maxAttempts: 5,
+  baseDelayMs: 30_000,
+  maxDelayMs: 3_600_000,
+});
+
+/**
+ * Fills in defaults and refuses a policy that breaks the spec's guarantee
+ * that each retry waits longer than the one before. With equal jitter that
+ * holds exactly while the un-jittered delay doubles, i.e. while
+ * base·2^(maxAttempts−2) stays within the cap.
+ */
+export function resolveRetryPolicy(overrides: Partial<RetryPolicy> | undefined, owner: string): RetryPolicy {
+  const policy = { ...DEFAULT_RETRY_POLICY, ...overrides };
+  const { maxAttempts, baseDelayMs, maxDelayMs } = policy;
+  if (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > 100) {
+    throw new InvalidConfigError(`${owner}: retry.maxAttempts must be an integer from 1 to 100, got ${maxAttempts}`);
+  }
+  if (!Number.isFinite(baseDelayMs) || baseDelayMs <= 0) {
+    throw new InvalidConfigError(`${owner}: retry.baseDelayMs must be a positive number, got ${baseDelayMs}`);
+  }
+  if (!Number.isFinite(maxDelayMs) || maxDelayMs < baseDelayMs) {
+    throw new InvalidConfigError(
+      `${owner}: retry.maxDelayMs must be a number >= baseDelayMs (${baseDelayMs}), got ${maxDelayMs}`,
+    );
+  }
+  const largestUncapped = baseDelayMs * 2 ** Math.max(0, maxAttempts - 2);
+  if (largestUncapped > maxDelayMs) {
+    throw new InvalidConfigError(
+      `${owner}: retry policy would stop growing its intervals: the last retry's ceiling ` +
+        `base ${baseDelayMs} ms × 2^${maxAttempts - 2} = ${largestUncapped} ms exceeds the cap ${maxDelayMs} ms; ` +
+        "lower maxAttempts or baseDelayMs, or raise maxDelayMs",
+    );
+  }
+  return Object.freeze(policy);
+}
+
+/**
+ * Delay before the retry that follows failed attempt `attempt` (1-based), with
+ * equal jitter: uniform in [e/2, e) where e = min(cap, base·2^(attempt−1)).
+ * `random` returns a number in [0, 1) like Math.random.
+ */
+export function retryDelayMs(policy: RetryPolicy, attempt: number, random: () => number = Math.random): number {
+  const ceiling = Math.min(policy.maxDelayMs, policy.baseDelayMs * 2 ** (attempt - 1));
+  return Math.floor(ceiling / 2 + random() * (ceiling / 2));
+}
+
+/**
+ * The longest time a job can spend between its first delivery and its last
+ * retry (the sum of the largest possible delays). A processed_jobs TTL must
+ * exceed this with margin, or a late retry would find no fence and run twice.
+ */
+export function maxRetryWindowMs(policy: RetryPolicy): number {
+  let total = 0;
+  for (let attempt = 1; attempt < policy.maxAttempts; attempt++) {
+    total += Math.min(policy.maxDelayMs, policy.baseDelayMs * 2 ** (attempt - 1));
+  }
+  return total;
+}

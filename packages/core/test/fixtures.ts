@@ -1,0 +1,75 @@
+import { integer, pgTable, text, uuid } from "drizzle-orm/pg-core";
+import type postgres from "postgres";
+import type { AlertPort, DeadLetterAlert } from "../src/ports/alerts.ts";
+import type { Logger } from "../src/ports/logger.ts";
+import type { JobMetricAttributes, MetricsPort } from "../src/ports/metrics.ts";
+
+/** What a test handler does to the world: one row per applied job, with no unique key, so a double effect shows. */
+export const effects = pgTable("test_effects", {
+  jobId: uuid("job_id").notNull(),
+  consumer: text("consumer").notNull(),
+  amount: integer("amount").notNull(),
+});
+
+export async function createEffectsTable(sql: postgres.Sql): Promise<void> {
+  await sql`create table if not exists test_effects (job_id uuid not null, consumer text not null, amount integer not null)`;
+}
+
+export function recordingMetrics() {
+  const processed: JobMetricAttributes[] = [];
+  const durations: { ms: number; attributes: JobMetricAttributes }[] = [];
+  let alertFailures = 0;
+  const port: MetricsPort = {
+    jobProcessed: (attributes) => processed.push(attributes),
+    handlerDuration: (ms, attributes) => durations.push({ ms, attributes }),
+    alertFailed: () => {
+      alertFailures += 1;
+    },
+  };
+  return {
+    port,
+    processed,
+    durations,
+    get alertFailures() {
+      return alertFailures;
+    },
+    count: (outcome: JobMetricAttributes["outcome"]) => processed.filter((p) => p.outcome === outcome).length,
+  };
+}
+
+export function recordingAlerts(behaviour: "ok" | "reject" | "throw" = "ok") {
+  const sent: DeadLetterAlert[] = [];
+  const port: AlertPort = {
+    deadLetterCreated(alert) {
+      sent.push(alert);
+      if (behaviour === "throw") throw new Error("alert sink exploded");
+      if (behaviour === "reject") return Promise.reject(new Error("alert sink down"));
+      return undefined;
+    },
+  };
+  return { port, sent };
+}
+
+export const silentLogger: Logger & { lines: string[] } = {
+  lines: [],
+  warn(message) {
+    this.lines.push(`warn ${message}`);
+  },
+  error(message) {
+    this.lines.push(`error ${message}`);
+  },
+};
+
+/** Row counts of every base table in the database, by "schema.table". */
+export async function tableCounts(sql: postgres.Sql): Promise<Record<string, number>> {
+  const tables = await sql<{ name: string }[]>`
+    select quote_ident(table_schema) || '.' || quote_ident(table_name) as name
+    from information_schema.tables
+    where table_type = 'BASE TABLE' and table_schema not in ('pg_catalog', 'information_schema')`;
+  const counts: Record<string, number> = {};
+  for (const { name } of tables) {
+    const [row] = await sql.unsafe<{ n: number }[]>(`select count(*)::int as n from ${name}`);
+    counts[name] = row?.n ?? 0;
+  }
+  return counts;
+}

@@ -1,0 +1,4 @@
+export type { PostgresServer } from "./postgres.ts";
+export { findPostgres, NO_POSTGRES_MESSAGE, uniqueDatabaseName, withAdmin, withDatabase } from "./postgres.ts";
+export type { Connection, TestDatabase } from "./test-database.ts";
+export { useTestDatabase } from "./test-database.ts";
