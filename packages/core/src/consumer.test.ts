@@ -16,7 +16,7 @@ import { createManualClock } from "./clock.ts";
 import { bindConsumer, type ConsumerDefinition, defineConsumer, type HarnessDeps } from "./consumer.ts";
 import { deadLetters, processedJobs } from "./db/schema.ts";
 import { createEnvelope } from "./envelope.ts";
-import { PermanentError, RateLimitedError } from "./errors.ts";
+import { InvalidConfigError, PermanentError, RateLimitedError } from "./errors.ts";
 
 const pg = useTestDatabase("consumer");
 
@@ -581,4 +581,35 @@ test("fence rows name the job and the consumer", async () => {
   const rows = await pg.db.select().from(processedJobs).where(eq(processedJobs.jobId, envelope.job_id));
   expect(rows).toHaveLength(1);
   expect(rows[0]?.consumer).toBe(consumer.name);
+});
+
+describe("defineConsumer", () => {
+  const base = { name: "ok.name", queue: "ok.queue", kind: "k.v1", schema: z.object({}), handle: async () => {} };
+  test.each([
+    [{ name: "" }, /name must be/],
+    [{ name: "has space" }, /name must be/],
+    [{ queue: "" }, /queue must be/],
+    [{ kind: [] }, /kind must be a non-empty string/],
+    [{ schema: {} }, /schema must be a Zod schema/],
+    [{ handle: "nope" }, /handle must be a function/],
+    [{ maxAgeMs: 0 }, /maxAgeMs must be a positive number/],
+    [{ retry: { maxAttempts: 0 } }, /retry.maxAttempts/],
+  ])("refuses %j at definition time with InvalidConfigError", (patch, message) => {
+    expect(() => defineConsumer({ ...base, ...patch } as never)).toThrow(InvalidConfigError);
+    expect(() => defineConsumer({ ...base, ...patch } as never)).toThrow(message);
+  });
+
+  test("accepts several kinds (a new schema version is a new kind)", async () => {
+    const consumer = pointsConsumer({ kind: ["points.award.v1", "points.award.v2"] });
+    const v2 = createEnvelope({ tenantId: "t", kind: "points.award.v2", data: { customerId: "c", points: 2 } });
+    expect((await bindConsumer(consumer, deps()).deliver({ body: JSON.stringify(v2), deliveryCount: 1 })).outcome).toBe(
+      "success",
+    );
+  });
+
+  test("bindConsumer refuses something that is not a Drizzle database", () => {
+    expect(() => bindConsumer(pointsConsumer(), { db: {} as never })).toThrow(
+      /deps.db must be a Drizzle Postgres database/,
+    );
+  });
 });

@@ -1,0 +1,193 @@
+import { describe, expect, test } from "vitest";
+import { createManualClock } from "../../clock.ts";
+import { createEnvelope } from "../../envelope.ts";
+import { InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
+import type { BoundConsumer, Delivery, DeliveryResult } from "../../queue-port.ts";
+import { createMemoryQueue, type DeliveryEvent } from "./index.ts";
+
+/** A consumer that answers each delivery from a script, to drive the transport on its own. */
+function scripted(
+  queue: string,
+  answer: (d: Delivery, n: number) => DeliveryResult | Promise<DeliveryResult>,
+  name = "c",
+) {
+  const seen: Delivery[] = [];
+  const consumer: BoundConsumer = {
+    name,
+    queue,
+    async deliver(delivery) {
+      seen.push(delivery);
+      return answer(delivery, seen.length);
+    },
+  };
+  return { consumer, seen };
+}
+
+const ack: DeliveryResult = { outcome: "success", ack: true };
+const job = () => createEnvelope({ tenantId: "t", kind: "k.v1", data: { n: 1 } });
+
+describe("memory queue", () => {
+  test("publish validates the envelope: an invalid one throws and never becomes a message", async () => {
+    const queue = createMemoryQueue();
+    await expect(queue.publish("q", { ...job(), job_id: "nope" })).rejects.toThrow(InvalidEnvelopeError);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
+  test("delivers the envelope as JSON text with delivery count 1, and removes it on ack", async () => {
+    const queue = createMemoryQueue({ clock: createManualClock() });
+    const { consumer, seen } = scripted("q", () => ack);
+    queue.subscribe(consumer);
+    const envelope = job();
+    const receipt = await queue.publish("q", envelope);
+    await queue.drain();
+    expect(seen).toEqual([{ body: JSON.stringify(envelope), deliveryCount: 1, messageId: receipt.messageId }]);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
+  test("redelivers after the delay the harness asks for, counting deliveries", async () => {
+    const clock = createManualClock(1_000_000);
+    const queue = createMemoryQueue({ clock });
+    const events: DeliveryEvent[] = [];
+    queue.onDelivery((e) => events.push(e));
+    const { consumer } = scripted("q", (_d, n) =>
+      n < 3 ? { outcome: "retry", ack: false, retryAfterMs: n * 1000, spendsAttempt: true, error: "e" } : ack,
+    );
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(events.map((e) => [e.deliveryCount, e.at])).toEqual([
+      [1, 1_000_000],
+      [2, 1_001_000],
+      [3, 1_003_000],
+    ]);
+    await queue.close();
+  });
+
+  test("a deferral that does not spend an attempt keeps the delivery count", async () => {
+    const queue = createMemoryQueue({ clock: createManualClock() });
+    const { consumer, seen } = scripted("q", (_d, n) =>
+      n < 4 ? { outcome: "rate_limited", ack: false, retryAfterMs: 500, spendsAttempt: false, error: "429" } : ack,
+    );
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(seen.map((d) => d.deliveryCount)).toEqual([1, 1, 1, 1]);
+    await queue.close();
+  });
+
+  test("a delivery that throws, or is not acknowledged, comes back after the visibility timeout", async () => {
+    const clock = createManualClock(0);
+    const queue = createMemoryQueue({ clock, visibilityTimeoutMs: 45_000 });
+    const events: DeliveryEvent[] = [];
+    queue.onDelivery((e) => events.push(e));
+    const { consumer } = scripted("q", (_d, n) => {
+      if (n === 1) throw new Error("worker crashed");
+      if (n === 2) return { outcome: "dead_letter_failed", ack: false, error: "db down" };
+      return ack;
+    });
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(events.map((e) => [e.result.outcome, e.deliveryCount, e.at])).toEqual([
+      ["thrown", 1, 0],
+      ["dead_letter_failed", 2, 45_000],
+      ["success", 3, 90_000],
+    ]);
+    await queue.close();
+  });
+
+  test("runs up to `concurrency` deliveries at once per consumer", async () => {
+    const queue = createMemoryQueue({ concurrency: 3 });
+    let running = 0;
+    let peak = 0;
+    const { consumer } = scripted("q", async () => {
+      running += 1;
+      peak = Math.max(peak, running);
+      await new Promise((r) => setTimeout(r, 20));
+      running -= 1;
+      return ack;
+    });
+    queue.subscribe(consumer);
+    await Promise.all(Array.from({ length: 10 }, () => queue.publish("q", job())));
+    await queue.drain();
+    expect(peak).toBe(3);
+    await queue.close();
+  });
+
+  test("schedule holds the message until runAt; a runAt in the past publishes now", async () => {
+    const clock = createManualClock(5_000);
+    const queue = createMemoryQueue({ clock });
+    const events: DeliveryEvent[] = [];
+    queue.onDelivery((e) => events.push(e));
+    queue.subscribe(scripted("q", () => ack).consumer);
+    await queue.schedule("q", job(), new Date(65_000));
+    await queue.schedule("q", job(), new Date(1_000));
+    await queue.drain();
+    expect(events.map((e) => e.at)).toEqual([5_000, 65_000]);
+    await expect(queue.schedule("q", job(), new Date(Number.NaN))).rejects.toThrow(/runAt must be a valid Date/);
+    await queue.close();
+  });
+
+  test("an idempotency key suppresses a second publish inside the window, not after it", async () => {
+    const clock = createManualClock(0);
+    const queue = createMemoryQueue({ clock, dedupWindowMs: 10_000 });
+    const { consumer, seen } = scripted("q", () => ack);
+    queue.subscribe(consumer);
+    const first = await queue.publish("q", job(), { idempotencyKey: "k" });
+    const second = await queue.publish("q", job(), { idempotencyKey: "k" });
+    expect(second.messageId).toBe(first.messageId);
+    clock.advance(10_001);
+    await queue.publish("q", job(), { idempotencyKey: "k" });
+    await queue.drain();
+    expect(seen).toHaveLength(2);
+    await queue.close();
+  });
+
+  test("each consumer of a queue gets its own copy; messages published before subscribing wait for the first one", async () => {
+    const queue = createMemoryQueue({ clock: createManualClock() });
+    await queue.publish("q", job());
+    const a = scripted("q", () => ack, "a");
+    const b = scripted("q", () => ack, "b");
+    queue.subscribe(a.consumer);
+    queue.subscribe(b.consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(a.seen).toHaveLength(2);
+    expect(b.seen).toHaveLength(1);
+    expect(() => queue.subscribe(a.consumer)).toThrow(/already subscribed/);
+    await queue.close();
+  });
+
+  test("close waits for deliveries in flight and refuses new publishes", async () => {
+    const queue = createMemoryQueue();
+    let finished = false;
+    queue.subscribe(
+      scripted("q", async () => {
+        await new Promise((r) => setTimeout(r, 30));
+        finished = true;
+        return ack;
+      }).consumer,
+    );
+    await queue.publish("q", job());
+    await new Promise((r) => setTimeout(r, 5));
+    await queue.close();
+    expect(finished).toBe(true);
+    await expect(queue.publish("q", job())).rejects.toThrow(QueueClosedError);
+  });
+
+  test("with the system clock, a retry comes back after a real delay", async () => {
+    const queue = createMemoryQueue();
+    const { consumer, seen } = scripted("q", (_d, n) =>
+      n === 1 ? { outcome: "retry", ack: false, retryAfterMs: 30, spendsAttempt: true, error: "e" } : ack,
+    );
+    queue.subscribe(consumer);
+    const started = Date.now();
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(seen.map((d) => d.deliveryCount)).toEqual([1, 2]);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(25);
+    await queue.close();
+  });
+});
