@@ -14,6 +14,7 @@ import type { PgDatabase, PgQueryResultHKT, PgTransaction } from "drizzle-orm/pg
 import { uuidv7 } from "uuidv7";
 import type { z } from "zod";
 import { type DeadLetterErrorClass, deadLetters, LAST_ERROR_MAX, processedJobs } from "./db/schema.ts";
+import { type RunInWorkTransaction, workTransactionFor } from "./db/work-transaction.ts";
 import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
@@ -151,6 +152,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly queue: string;
   readonly #consumer: Consumer<TSchema>;
   readonly #db: AnyPgDatabase;
+  readonly #runInWorkTransaction: RunInWorkTransaction;
   readonly #alerts: AlertPort;
   readonly #metrics: MetricsPort;
   readonly #logger: Logger;
@@ -165,6 +167,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.name = consumer.name;
     this.queue = consumer.queue;
     this.#db = deps.db;
+    this.#runInWorkTransaction = workTransactionFor(deps.db);
     this.#alerts = deps.alerts ?? noopAlerts;
     this.#metrics = deps.metrics ?? noopMetrics;
     this.#logger = deps.logger ?? consoleLogger;
@@ -237,25 +240,14 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     const started = performance.now();
     let ran: boolean;
     try {
-      ran = await this.#db.transaction(async (tx) => {
-        if (consumer.orderingKey) {
-          const key = consumer.orderingKey(parsed.data, envelope);
-          // The consumer name prefixes the key ("|" cannot occur in a name), so two
-          // consumers never wait on each other; Postgres text cannot hold NUL.
-          const lockKey = `${consumer.name}|${key.replaceAll("\u0000", "")}`;
-          await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(${lockKey}, 0))`);
-        }
-        // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
-        // and then sees the conflict: two parallel deliveries give one effect.
-        const fence = await tx
-          .insert(processedJobs)
-          .values({ jobId: envelope.job_id, consumer: consumer.name })
-          .onConflictDoNothing()
-          .returning({ jobId: processedJobs.jobId });
-        if (fence.length === 0) return false;
-        await consumer.handle(parsed.data, new Context(tx, envelope, attempt, consumer.name));
-        return true;
-      });
+      // The consumer name prefixes the ordering key ("|" cannot occur in a
+      // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
+      const lockKey = consumer.orderingKey
+        ? `${consumer.name}|${consumer.orderingKey(parsed.data, envelope).replaceAll("\u0000", "")}`
+        : undefined;
+      ran = await this.#runInWorkTransaction({ jobId: envelope.job_id, consumer: consumer.name, lockKey }, (tx) =>
+        consumer.handle(parsed.data, new Context(tx, envelope, attempt, consumer.name)),
+      );
     } catch (thrown) {
       // 4. The transaction rolled back: no fence, no effect.
       const failure = classifyFailure(thrown);

@@ -1,0 +1,165 @@
+/**
+ * `pnpm bench`: the harness against doing the same work by hand, on real
+ * Postgres, in one process, interleaved so that all three see the same
+ * machine state. Each job's handler inserts one ledger row through the
+ * transaction it is given. Concurrency 16.
+ *   (a) harness:     bindConsumer(...).deliver() — envelope parse, schema, fence, handler, metrics;
+ *   (b) handwritten: what a module developer would write with the same stack —
+ *                    JSON.parse, db.transaction, the fence through Drizzle with onConflictDoNothing, the handler;
+ *   (c) raw:         hand-tuned postgres.js — BEGIN pipelined with the fence insert, prepared statements.
+ * Then the harness's jobs are delivered again (all duplicates).
+ * The last line printed is JSON (see README).
+ */
+import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "@softcrum/testing/postgres";
+import { integer, pgTable, uuid } from "drizzle-orm/pg-core";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { z } from "zod";
+import { migrateCore } from "../src/db/migrate.ts";
+import {
+  bindConsumer,
+  createEnvelope,
+  defineConsumer,
+  type Envelope,
+  processedJobs,
+  type WorkTransaction,
+} from "../src/index.ts";
+
+const JOBS = Number(process.env["BENCH_JOBS"] ?? 20_000);
+const CONCURRENCY = 16;
+const ROUNDS = 10;
+const WARMUP = 500;
+
+const ledger = pgTable("bench_ledger", { jobId: uuid("job_id").notNull(), amount: integer("amount").notNull() });
+const dataSchema = z.object({ amount: z.number().int() });
+type Data = z.infer<typeof dataSchema>;
+
+/** The one handler every variant runs. */
+async function credit(tx: WorkTransaction, jobId: string, data: Data) {
+  await tx.insert(ledger).values({ jobId, amount: data.amount });
+}
+
+function makeBodies(count: number): string[] {
+  return Array.from({ length: count }, (_, i) =>
+    JSON.stringify(createEnvelope({ tenantId: "bench", kind: "bench.credit.v1", data: { amount: i % 100 } })),
+  );
+}
+
+/** Runs `work` over `items` with `CONCURRENCY` loops; returns the wall time in ms. */
+async function timed<T>(items: readonly T[], work: (item: T) => Promise<unknown>): Promise<number> {
+  let next = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: CONCURRENCY }, async () => {
+      while (next < items.length) {
+        const item = items[next++] as T;
+        await work(item);
+      }
+    }),
+  );
+  return performance.now() - started;
+}
+
+const server = await findPostgres();
+const database = uniqueDatabaseName("softcrum_bench", "harness");
+await withAdmin(server.adminUrl, (sql) => sql`create database ${sql(database)}`);
+const url = withDatabase(server.adminUrl, database);
+const sql = postgres(url, { max: CONCURRENCY, onnotice: () => {} });
+try {
+  await migrateCore(url);
+  await sql`create table bench_ledger (id bigserial primary key, job_id uuid not null, amount integer not null)`;
+  const db = drizzle({ client: sql });
+
+  const consumer = defineConsumer({
+    name: "bench.credit",
+    queue: "bench.credits",
+    kind: "bench.credit.v1",
+    schema: dataSchema,
+    handle: (data, ctx) => credit(ctx.tx, ctx.envelope.job_id, data),
+  });
+  const bound = bindConsumer(consumer, { db });
+
+  const variants = {
+    harness: async (body: string) => {
+      const result = await bound.deliver({ body, deliveryCount: 1 });
+      if (result.outcome !== "success") throw new Error(`harness: unexpected ${result.outcome}`);
+    },
+    handwritten_drizzle: async (body: string) => {
+      const envelope = JSON.parse(body) as Envelope<Data>;
+      await db.transaction(async (tx) => {
+        const fence = await tx
+          .insert(processedJobs)
+          .values({ jobId: envelope.job_id, consumer: "bench.handwritten" })
+          .onConflictDoNothing()
+          .returning({ jobId: processedJobs.jobId });
+        if (fence.length === 0) return;
+        await credit(tx, envelope.job_id, envelope.data);
+      });
+    },
+    raw_postgresjs: async (body: string) => {
+      const envelope = JSON.parse(body) as Envelope<Data>;
+      const conn = await sql.reserve();
+      try {
+        // BEGIN and the fence go out together; postgres.js pipelines them on the connection.
+        const begin = conn`begin`.execute();
+        const fence = conn`insert into core.processed_jobs (job_id, consumer) values (${envelope.job_id}, 'bench.raw')
+                           on conflict do nothing returning 1`.execute();
+        await begin;
+        if ((await fence).length === 0) {
+          await conn`commit`;
+          return;
+        }
+        await conn`insert into bench_ledger (job_id, amount) values (${envelope.job_id}, ${envelope.data.amount})`;
+        await conn`commit`;
+      } catch (error) {
+        await conn`rollback`.catch(() => {});
+        throw error;
+      } finally {
+        conn.release();
+      }
+    },
+  } as const;
+  type Variant = keyof typeof variants;
+  const names = Object.keys(variants) as Variant[];
+
+  // Warm up connections, prepared statements and the JIT, off the clock.
+  for (const name of names) await timed(makeBodies(WARMUP), variants[name]);
+
+  const bodies = Object.fromEntries(names.map((n) => [n, makeBodies(JOBS)])) as Record<Variant, string[]>;
+  const elapsed = Object.fromEntries(names.map((n) => [n, 0])) as Record<Variant, number>;
+  const perRound = Math.ceil(JOBS / ROUNDS);
+  for (let round = 0; round < ROUNDS; round++) {
+    // Rotate the order each round so no variant always runs first (or last).
+    const order = names.map((_, i) => names[(i + round) % names.length] as Variant);
+    for (const name of order) {
+      elapsed[name] += await timed(bodies[name].slice(round * perRound, (round + 1) * perRound), variants[name]);
+    }
+    process.stdout.write(`round ${round + 1}/${ROUNDS}\r`);
+  }
+  const duplicateMs = await timed(bodies.harness, async (body) => {
+    const result = await bound.deliver({ body, deliveryCount: 2 });
+    if (result.outcome !== "duplicate") throw new Error(`duplicates: unexpected ${result.outcome}`);
+  });
+
+  const [check] = await sql<{ n: number }[]>`select count(*)::int as n from bench_ledger`;
+  const expectedRows = (JOBS + WARMUP) * names.length;
+  if (check?.n !== expectedRows) throw new Error(`ledger has ${check?.n} rows, expected ${expectedRows}`);
+
+  const rate = (ms: number) => Math.round((JOBS / ms) * 1000);
+  const result = {
+    harness_jobs_per_s: rate(elapsed.harness),
+    handwritten_drizzle_jobs_per_s: rate(elapsed.handwritten_drizzle),
+    raw_postgresjs_jobs_per_s: rate(elapsed.raw_postgresjs),
+    ratio: Number((elapsed.handwritten_drizzle / elapsed.harness).toFixed(3)),
+    ratio_raw: Number((elapsed.raw_postgresjs / elapsed.harness).toFixed(3)),
+    duplicate_jobs_per_s: rate(duplicateMs),
+  };
+  console.log(
+    `jobs per variant: ${JOBS}, concurrency ${CONCURRENCY}, ${ROUNDS} interleaved rounds, Postgres from ${server.source}`,
+  );
+  console.log(JSON.stringify(result));
+} finally {
+  await sql.end({ timeout: 5 });
+  await withAdmin(server.adminUrl, (admin) => admin`drop database if exists ${admin(database)} with (force)`);
+  await server.stop();
+}
