@@ -1,5 +1,7 @@
 import { useTestDatabase } from "@softcrum/testing";
 import { sql as dsql, eq } from "drizzle-orm";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
 import { uuidv4 } from "uuidv7";
 import { beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
@@ -486,6 +488,28 @@ describe("dead-letter write failures", () => {
       await queue.close();
     } finally {
       await pg.sql`drop trigger if exists refuse_dead_letters on core.dead_letters`;
+    }
+  });
+});
+
+describe("database unreachable", () => {
+  // A real client to a port where nothing listens: every query fails to connect.
+  const unreachable = () => {
+    const client = postgres("postgres://postgres@127.0.0.1:1/none", { max: 1, connect_timeout: 1, onnotice: () => {} });
+    return { db: drizzle({ client }), close: () => client.end() };
+  };
+
+  test.each([
+    ["a poison payload", "not json", 1],
+    ["a delivery past the budget (its fence check fails)", JSON.stringify(award()), 7],
+    ["a transient failure on the last attempt", JSON.stringify(award()), 5],
+  ])("%s is not acknowledged when the database is down", async (_name, body, deliveryCount) => {
+    const { db, close } = unreachable();
+    try {
+      const result = await bindConsumer(pointsConsumer(), deps({ db })).deliver({ body, deliveryCount });
+      expect(result).toMatchObject({ outcome: "dead_letter_failed", ack: false });
+    } finally {
+      await close();
     }
   });
 });

@@ -9,7 +9,7 @@
  *   itself, with its payload and the evidence of why.
  */
 import { createHash } from "node:crypto";
-import { sql } from "drizzle-orm";
+import { and, eq, sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT, PgTransaction } from "drizzle-orm/pg-core";
 import { uuidv7 } from "uuidv7";
 import type { z } from "zod";
@@ -211,9 +211,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     // A delivery past the budget means earlier ones died without reporting
     // (worker crash, timeout): running the handler again could loop forever.
     if (attempt > policy.maxAttempts) {
-      if (await this.#alreadyProcessed(envelope.job_id))
-        return this.#finish("duplicate", { outcome: "duplicate", ack: true });
-      return this.#deadLetter({
+      return this.#deadLetterUnlessCommitted({
         errorClass: "exhausted",
         attempts: attempt - 1,
         error: `delivery ${attempt} is past the budget of ${policy.maxAttempts} attempts; the handler was not run again (earlier deliveries crashed or timed out the worker)`,
@@ -224,9 +222,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     if (consumer.maxAgeMs !== undefined) {
       const age = this.#now() - jobCreatedAt(envelope.job_id);
       if (age > consumer.maxAgeMs) {
-        if (await this.#alreadyProcessed(envelope.job_id))
-          return this.#finish("duplicate", { outcome: "duplicate", ack: true });
-        return this.#deadLetter({
+        return this.#deadLetterUnlessCommitted({
           errorClass: "expired",
           attempts: attempt - 1,
           error: `job is ${age} ms old, past ${consumer.name}'s maximum age of ${consumer.maxAgeMs} ms`,
@@ -299,13 +295,35 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return result;
   }
 
-  async #alreadyProcessed(jobId: string): Promise<boolean> {
-    const rows = await this.#db
-      .select({ jobId: processedJobs.jobId })
-      .from(processedJobs)
-      .where(sql`${processedJobs.jobId} = ${jobId} and ${processedJobs.consumer} = ${this.name}`)
-      .limit(1);
-    return rows.length > 0;
+  /**
+   * For dead letters decided without running the handler: a job whose fence
+   * exists already committed (its ack was lost), so it is a duplicate. If even
+   * that check fails, the delivery is not acknowledged.
+   */
+  async #deadLetterUnlessCommitted(input: DeadLetterInput & { envelope: Envelope }): Promise<DeliveryResult> {
+    let committed: boolean;
+    try {
+      const rows = await this.#db
+        .select({ jobId: processedJobs.jobId })
+        .from(processedJobs)
+        .where(and(eq(processedJobs.jobId, input.envelope.job_id), eq(processedJobs.consumer, this.name)))
+        .limit(1);
+      committed = rows.length > 0;
+    } catch (thrown) {
+      return this.#deadLetterFailed(`fence check before dead-lettering failed: ${describeError(thrown)}`, input);
+    }
+    if (committed) return this.#finish("duplicate", { outcome: "duplicate", ack: true });
+    return this.#deadLetter(input);
+  }
+
+  #deadLetterFailed(message: string, input: DeadLetterInput): DeliveryResult {
+    this.#logger.error(message, {
+      queue: this.queue,
+      consumer: this.name,
+      jobId: input.envelope.job_id,
+      errorClass: input.errorClass,
+    });
+    return this.#finish("dead_letter_failed", { outcome: "dead_letter_failed", ack: false, error: message });
   }
 
   #poison(received: ReceivedPayload, error: string, fields: DeadLetterInput["envelope"]): Promise<DeliveryResult> {
@@ -353,9 +371,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         })
         .returning({ id: deadLetters.id, inserted: sql<boolean>`(xmax = 0)` });
     } catch (thrown) {
-      const message = `dead letter could not be written: ${describeError(thrown)}`;
-      this.#logger.error(message, { queue: this.queue, consumer: this.name, jobId, errorClass: input.errorClass });
-      return this.#finish("dead_letter_failed", { outcome: "dead_letter_failed", ack: false, error: message });
+      return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
     }
     if (!written) throw new Error("dead letter insert returned no row"); // unreachable: upsert always returns one
     if (written.inserted) {

@@ -1,5 +1,7 @@
 import { integer, pgTable, text, uuid } from "drizzle-orm/pg-core";
 import type postgres from "postgres";
+import { z } from "zod";
+import { defineConsumer } from "../src/consumer.ts";
 import type { AlertPort, DeadLetterAlert } from "../src/ports/alerts.ts";
 import type { Logger } from "../src/ports/logger.ts";
 import type { JobMetricAttributes, MetricsPort } from "../src/ports/metrics.ts";
@@ -10,6 +12,23 @@ export const effects = pgTable("test_effects", {
   consumer: text("consumer").notNull(),
   amount: integer("amount").notNull(),
 });
+
+/**
+ * A consumer of `points.award.v1` whose handler writes one effect row, then
+ * runs `afterWrite` (still inside the work transaction).
+ */
+export function effectConsumer(name: string, afterWrite: () => Promise<void> = async () => {}) {
+  return defineConsumer({
+    name,
+    queue: "worker.points",
+    kind: "points.award.v1",
+    schema: z.object({ customerId: z.string(), points: z.number() }),
+    async handle(data, { tx, envelope }) {
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: name, amount: data.points });
+      await afterWrite();
+    },
+  });
+}
 
 export async function createEffectsTable(sql: postgres.Sql): Promise<void> {
   await sql`create table if not exists test_effects (job_id uuid not null, consumer text not null, amount integer not null)`;
