@@ -10,7 +10,11 @@ export type SoftcrumErrorCode =
   | "PERMANENT"
   | "RATE_LIMITED"
   | "QUEUE_CLOSED"
-  | "UNKNOWN_QUEUE";
+  | "INVALID_INPUT"
+  | "NOT_FOUND"
+  | "CONFLICT"
+  | "UNAUTHENTICATED"
+  | "FORBIDDEN";
 
 const BRAND = "@softcrum/core:error";
 
@@ -70,6 +74,17 @@ export class RateLimitedError extends SoftcrumError {
   constructor(message: string, options?: { retryAfterMs?: number; cause?: unknown }) {
     super("RATE_LIMITED", message, options);
     this.retryAfterMs = options?.retryAfterMs;
+  }
+}
+
+/**
+ * An operator action that cannot be done as asked. `code` says why:
+ * INVALID_INPUT (bad filter, missing reason), NOT_FOUND, CONFLICT (the state
+ * does not allow it), UNAUTHENTICATED, FORBIDDEN.
+ */
+export class OpsError extends SoftcrumError {
+  constructor(code: "INVALID_INPUT" | "NOT_FOUND" | "CONFLICT" | "UNAUTHENTICATED" | "FORBIDDEN", message: string) {
+    super(code, message);
   }
 }
 

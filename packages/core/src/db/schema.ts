@@ -1,5 +1,18 @@
 import { sql } from "drizzle-orm";
-import { check, index, integer, pgSchema, primaryKey, text, timestamp, uniqueIndex, uuid } from "drizzle-orm/pg-core";
+import {
+  boolean,
+  check,
+  doublePrecision,
+  index,
+  integer,
+  jsonb,
+  pgSchema,
+  primaryKey,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from "drizzle-orm/pg-core";
 
 /** Everything of the job infrastructure lives in the `core` schema. */
 export const core = pgSchema("core");
@@ -67,6 +80,8 @@ export const deadLetters = core.table(
     statusChangedAt: timestamp("status_changed_at", { withTimezone: true }),
     statusChangedBy: text("status_changed_by"),
     statusReason: text("status_reason"),
+    /** The replay batch that replayed this letter (null for a single replay or none). */
+    replayBatchId: uuid("replay_batch_id"),
   },
   (t) => [
     uniqueIndex("dead_letters_one_pending_per_job_consumer")
@@ -74,6 +89,7 @@ export const deadLetters = core.table(
       .where(sql`${t.status} = 'pending_review'`),
     index("dead_letters_status_created_idx").on(t.status, t.createdAt),
     index("dead_letters_queue_consumer_idx").on(t.queue, t.consumer, t.status),
+    index("dead_letters_job_consumer_idx").on(t.jobId, t.consumer),
     check("dead_letters_status_valid", sql`${t.status} in (${inList(DEAD_LETTER_STATUSES)})`),
     check("dead_letters_error_class_valid", sql`${t.errorClass} in (${inList(ERROR_CLASSES)})`),
     check("dead_letters_payload_encoding_valid", sql`${t.payloadEncoding} in ('utf8', 'base64')`),
@@ -92,3 +108,118 @@ export const deadLetters = core.table(
 
 export type DeadLetterRow = typeof deadLetters.$inferSelect;
 export type ProcessedJobRow = typeof processedJobs.$inferSelect;
+
+export const REPLAY_BATCH_STATUSES = [
+  "awaiting_approval",
+  "ready",
+  "running",
+  "paused",
+  "completed",
+  "stopped",
+  "expired",
+] as const;
+export type ReplayBatchStatus = (typeof REPLAY_BATCH_STATUSES)[number];
+
+/** Which dead letters a batch takes; stored as the batch's `filter`. */
+export interface DeadLetterFilterValue {
+  queue?: string;
+  consumer?: string;
+  tenantId?: string;
+  kind?: string;
+  errorClass?: DeadLetterErrorClass;
+  createdAfter?: string;
+  createdBefore?: string;
+}
+
+/**
+ * A bulk replay: which letters (selected once, at creation, into
+ * replay_batch_items), who asked and who approved, how fast, and how it ended.
+ */
+export const replayBatches = core.table(
+  "replay_batches",
+  {
+    id: uuid("id").primaryKey(),
+    status: text("status").$type<ReplayBatchStatus>().notNull(),
+    filter: jsonb("filter").$type<DeadLetterFilterValue>().notNull(),
+    requestedBy: text("requested_by").notNull(),
+    reason: text("reason").notNull(),
+    approvedBy: text("approved_by"),
+    approvedAt: timestamp("approved_at", { withTimezone: true }),
+    ratePerSecond: doublePrecision("rate_per_second").notNull(),
+    batchSize: integer("batch_size").notNull(),
+    sampleSize: integer("sample_size"),
+    maxFailureRate: doublePrecision("max_failure_rate").notNull(),
+    expiresAt: timestamp("expires_at", { withTimezone: true }).notNull(),
+    selected: integer("selected").notNull(),
+    replayed: integer("replayed").notNull().default(0),
+    skipped: integer("skipped").notNull().default(0),
+    failedAgain: integer("failed_again").notNull().default(0),
+    samplePassedAt: timestamp("sample_passed_at", { withTimezone: true }),
+    /** Failure-rate checks count only jobs replayed since this time (set on start and on each resume). */
+    rateWindowStart: timestamp("rate_window_start", { withTimezone: true }),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    startedAt: timestamp("started_at", { withTimezone: true }),
+    endedAt: timestamp("ended_at", { withTimezone: true }),
+    stopReason: text("stop_reason"),
+    /** Who runs the batch now, until when: one runner at a time keeps the rate limit. */
+    leaseOwner: text("lease_owner"),
+    leaseExpiresAt: timestamp("lease_expires_at", { withTimezone: true }),
+  },
+  (t) => [
+    check("replay_batches_status_valid", sql`${t.status} in (${inList(REPLAY_BATCH_STATUSES)})`),
+    check("replay_batches_reason_given", sql`btrim(${t.reason}) <> ''`),
+    check("replay_batches_requester_given", sql`btrim(${t.requestedBy}) <> ''`),
+    check("replay_batches_approver_not_requester", sql`${t.approvedBy} is null or ${t.approvedBy} <> ${t.requestedBy}`),
+    check("replay_batches_rate_positive", sql`${t.ratePerSecond} > 0`),
+    check("replay_batches_batch_size_positive", sql`${t.batchSize} > 0`),
+    check("replay_batches_sample_size_positive", sql`${t.sampleSize} is null or ${t.sampleSize} > 0`),
+    check("replay_batches_failure_rate_range", sql`${t.maxFailureRate} > 0 and ${t.maxFailureRate} <= 1`),
+    index("replay_batches_status_idx").on(t.status, t.createdAt),
+  ],
+);
+
+export const REPLAY_ITEM_STATES = ["pending", "replayed", "skipped"] as const;
+export type ReplayItemState = (typeof REPLAY_ITEM_STATES)[number];
+
+/** The letters a batch selected, in replay order. `skipped`: no longer pending when its turn came. */
+export const replayBatchItems = core.table(
+  "replay_batch_items",
+  {
+    batchId: uuid("batch_id")
+      .notNull()
+      .references(() => replayBatches.id, { onDelete: "cascade" }),
+    deadLetterId: uuid("dead_letter_id")
+      .notNull()
+      .references(() => deadLetters.id),
+    position: integer("position").notNull(),
+    state: text("state").$type<ReplayItemState>().notNull().default("pending"),
+    inSample: boolean("in_sample").notNull().default(false),
+    replayedAt: timestamp("replayed_at", { withTimezone: true }),
+  },
+  (t) => [
+    primaryKey({ columns: [t.batchId, t.deadLetterId] }),
+    index("replay_batch_items_order_idx").on(t.batchId, t.state, t.position),
+    check("replay_batch_items_state_valid", sql`${t.state} in (${inList(REPLAY_ITEM_STATES)})`),
+  ],
+);
+
+/** Every operator action on dead letters and batches, including refused ones. */
+export const opsAudit = core.table(
+  "ops_audit",
+  {
+    id: uuid("id").primaryKey(),
+    at: timestamp("at", { withTimezone: true }).notNull().defaultNow(),
+    operator: text("operator").notNull(),
+    action: text("action").notNull(),
+    scope: jsonb("scope").notNull(),
+    result: text("result").$type<"ok" | "rejected" | "refused" | "error">().notNull(),
+    detail: text("detail"),
+  },
+  (t) => [
+    index("ops_audit_at_idx").on(t.at),
+    check("ops_audit_result_valid", sql`${t.result} in ('ok', 'rejected', 'refused', 'error')`),
+  ],
+);
+
+export type ReplayBatchRow = typeof replayBatches.$inferSelect;
+export type OpsAuditRow = typeof opsAudit.$inferSelect;

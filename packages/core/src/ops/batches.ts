@@ -1,0 +1,510 @@
+/**
+ * Bulk replay batches (seed 002): a filter selects pending letters once, at
+ * creation; a large batch needs an approver other than the requester; an
+ * optional sample runs first and the rest waits until the sample's jobs
+ * succeeded; replays go out at the batch's own rate limit, a chunk
+ * (`batchSize`) at a time, and after each chunk the batch pauses itself when
+ * too many of its replayed jobs failed again. It can be paused, resumed and
+ * stopped, and it expires. The row keeps filter, people, reason, timings,
+ * counts and why it stopped.
+ */
+import { hostname } from "node:os";
+import { and, asc, desc, eq, inArray, isNull, lt, or, sql } from "drizzle-orm";
+import { uuidv7 } from "uuidv7";
+import { z } from "zod";
+import {
+  deadLetters,
+  type ReplayBatchRow,
+  type ReplayBatchStatus,
+  replayBatches,
+  replayBatchItems,
+} from "../db/schema.ts";
+import { OpsError } from "../errors.ts";
+import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
+import { type DeadLetterOperations, filterConditions, rowsOf } from "./operations.ts";
+
+export interface BatchPolicy {
+  /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
+  readonly approvalThreshold: number;
+  /** How long a runner holds a batch before another may take it over. @default 60_000 */
+  readonly leaseMs: number;
+  /** How often the runner looks whether the sample's jobs resolved. @default 500 */
+  readonly pollIntervalMs: number;
+  /** How long the sample may take to resolve before the batch pauses. @default 300_000 */
+  readonly sampleTimeoutMs: number;
+  /** Jobs that must have resolved before the failure rate can pause the batch. @default 5 */
+  readonly minResolvedForRate: number;
+}
+
+export const DEFAULT_BATCH_POLICY: BatchPolicy = {
+  approvalThreshold: 100,
+  leaseMs: 60_000,
+  pollIntervalMs: 500,
+  sampleTimeoutMs: 300_000,
+  minResolvedForRate: 5,
+};
+
+const createSchema = z.strictObject({
+  filter: deadLetterFilterSchema.default({}),
+  operator: operatorSchema,
+  reason: reasonSchema,
+  /** Replays per second, this batch's own capacity, apart from live traffic. */
+  ratePerSecond: z.coerce.number().positive().max(1000),
+  /** Letters replayed between two checks of the stop conditions. */
+  batchSize: z.coerce.number().int().positive().max(10_000).default(50),
+  /** Replay this many first and continue only if none of them fails again. */
+  sampleSize: z.coerce.number().int().positive().optional(),
+  /** Pause when more than this share of resolved replayed jobs failed again. */
+  maxFailureRate: z.coerce.number().gt(0).max(1).default(0.2),
+  /** At most this many letters (oldest first). */
+  limit: z.coerce.number().int().positive().max(100_000).optional(),
+  /** The batch does not run after this. */
+  expiresAt: z.coerce.date().optional(),
+  expiresInMinutes: z.coerce
+    .number()
+    .positive()
+    .max(60 * 24 * 30)
+    .optional(),
+});
+export type CreateBatchInput = z.input<typeof createSchema>;
+
+export interface BatchView extends ReplayBatchRow {
+  /** Replayed jobs whose fence exists now (they succeeded, or had already). */
+  readonly succeeded: number;
+  /** Replayed jobs neither succeeded nor failed again yet (in flight or retrying). */
+  readonly unresolved: number;
+  readonly pending: number;
+}
+
+export interface BatchProgress {
+  readonly batch: BatchView;
+  /** Replays per second over this run. */
+  readonly rate: number;
+  /** Seconds left at the batch's rate limit. */
+  readonly etaSeconds: number;
+}
+
+export interface RunOptions {
+  readonly operator: string;
+  readonly onProgress?: (progress: BatchProgress) => void;
+  /** Stop this run (the batch stays running, another run continues it) after this long, for HTTP calls. @default none */
+  readonly maxDurationMs?: number;
+  /** Aborting pauses the batch (e.g. Ctrl-C in the CLI). */
+  readonly signal?: AbortSignal;
+}
+
+const TERMINAL: readonly ReplayBatchStatus[] = ["completed", "stopped", "expired"];
+
+export class ReplayBatches {
+  readonly #ops: DeadLetterOperations;
+  readonly #policy: BatchPolicy;
+
+  constructor(ops: DeadLetterOperations, policy: Partial<BatchPolicy> = {}) {
+    this.#ops = ops;
+    this.#policy = { ...DEFAULT_BATCH_POLICY, ...policy };
+  }
+
+  get #db() {
+    return this.#ops.db;
+  }
+  #now(): Date {
+    return new Date(this.#ops.clock.now());
+  }
+
+  /** Selects the pending letters that match, and records the batch (awaiting approval when large). */
+  async create(input: CreateBatchInput): Promise<BatchView> {
+    const parsed = parseInput(createSchema, input, "batch");
+    if (parsed.expiresAt && parsed.expiresInMinutes) {
+      throw new OpsError("INVALID_INPUT", "invalid batch: give expiresAt or expiresInMinutes, not both");
+    }
+    const now = this.#now();
+    const expiresAt = parsed.expiresAt ?? new Date(now.getTime() + (parsed.expiresInMinutes ?? 24 * 60) * 60_000);
+    if (expiresAt <= now) throw new OpsError("INVALID_INPUT", "invalid batch: expiresAt is in the past");
+    if (parsed.filter.status && parsed.filter.status !== "pending_review") {
+      throw new OpsError(
+        "INVALID_INPUT",
+        "invalid batch: a batch replays pending_review letters only; drop filter.status",
+      );
+    }
+    const filter = { ...parsed.filter, status: undefined };
+    return this.#ops.audited(
+      parsed.operator,
+      "batch.create",
+      { filter: parsed.filter, reason: parsed.reason },
+      async () => {
+        const id = uuidv7();
+        await this.#db.transaction(async (tx) => {
+          const letters = await tx
+            .select({ id: deadLetters.id })
+            .from(deadLetters)
+            .where(and(eq(deadLetters.status, "pending_review"), ...filterConditions(filter)))
+            .orderBy(asc(deadLetters.id))
+            .limit(parsed.limit ?? 100_000);
+          if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
+          await tx.insert(replayBatches).values({
+            id,
+            status: letters.length > this.#policy.approvalThreshold ? "awaiting_approval" : "ready",
+            filter: jsonFilter(parsed.filter),
+            requestedBy: parsed.operator,
+            reason: parsed.reason,
+            ratePerSecond: parsed.ratePerSecond,
+            batchSize: parsed.batchSize,
+            sampleSize: parsed.sampleSize ?? null,
+            maxFailureRate: parsed.maxFailureRate,
+            expiresAt,
+            selected: letters.length,
+            createdAt: now,
+          });
+          const sample = parsed.sampleSize ?? 0;
+          for (let i = 0; i < letters.length; i += 1000) {
+            await tx
+              .insert(replayBatchItems)
+              .values(
+                letters
+                  .slice(i, i + 1000)
+                  .map((l, j) => ({ batchId: id, deadLetterId: l.id, position: i + j, inSample: i + j < sample })),
+              );
+          }
+        });
+        return this.get(id);
+      },
+    );
+  }
+
+  /** A second operator approves a large batch; the requester cannot approve their own. */
+  async approve(id: string, input: { operator: string }): Promise<BatchView> {
+    const operator = parseInput(operatorSchema, input?.operator, "operator");
+    return this.#ops.audited(operator, "batch.approve", { batchId: id }, async () => {
+      const batch = await this.#load(id);
+      if (batch.requestedBy === operator) {
+        throw new OpsError(
+          "FORBIDDEN",
+          `${operator} requested batch ${id} and cannot approve it; another operator must`,
+        );
+      }
+      await this.#transition(id, ["awaiting_approval"], "ready", { approvedBy: operator, approvedAt: this.#now() });
+      return this.get(id);
+    });
+  }
+
+  async pause(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
+    const operator = parseInput(operatorSchema, input?.operator, "operator");
+    const reason = parseInput(reasonSchema, input?.reason, "reason");
+    return this.#ops.audited(operator, "batch.pause", { batchId: id, reason }, async () => {
+      await this.#transition(id, ["ready", "running"], "paused", { stopReason: `paused by ${operator}: ${reason}` });
+      return this.get(id);
+    });
+  }
+
+  /**
+   * Makes a paused batch runnable again. Resuming after a failed sample is the
+   * operator's decision to go on anyway; the failure rate counts afresh from now.
+   */
+  async resume(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
+    const operator = parseInput(operatorSchema, input?.operator, "operator");
+    const reason = parseInput(reasonSchema, input?.reason, "reason");
+    return this.#ops.audited(operator, "batch.resume", { batchId: id, reason }, async () => {
+      const batch = await this.#load(id);
+      const now = this.#now();
+      await this.#transition(id, ["paused"], "ready", {
+        stopReason: null,
+        rateWindowStart: now,
+        ...(batch.sampleSize && !batch.samplePassedAt && batch.replayed > 0 ? { samplePassedAt: now } : {}),
+      });
+      return this.get(id);
+    });
+  }
+
+  async stop(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
+    const operator = parseInput(operatorSchema, input?.operator, "operator");
+    const reason = parseInput(reasonSchema, input?.reason, "reason");
+    return this.#ops.audited(operator, "batch.stop", { batchId: id, reason }, async () => {
+      await this.#transition(id, ["awaiting_approval", "ready", "running", "paused"], "stopped", {
+        stopReason: `stopped by ${operator}: ${reason}`,
+        endedAt: this.#now(),
+      });
+      return this.get(id);
+    });
+  }
+
+  /** The batch with live counts: how many replayed jobs succeeded, failed again, or are unresolved. */
+  async get(id: string): Promise<BatchView> {
+    const batch = await this.#load(id);
+    const stats = await this.#stats(id, null);
+    const [pending] = await this.#db
+      .select({ n: sql<number>`count(*)::int` })
+      .from(replayBatchItems)
+      .where(and(eq(replayBatchItems.batchId, id), eq(replayBatchItems.state, "pending")));
+    return {
+      ...batch,
+      failedAgain: stats.failedAgain,
+      succeeded: stats.succeeded,
+      unresolved: stats.unresolved,
+      pending: pending?.n ?? 0,
+    };
+  }
+
+  async list(options: { status?: ReplayBatchStatus; limit?: number } = {}): Promise<ReplayBatchRow[]> {
+    return this.#db
+      .select()
+      .from(replayBatches)
+      .where(options.status ? eq(replayBatches.status, options.status) : undefined)
+      .orderBy(desc(replayBatches.id))
+      .limit(Math.min(Math.max(options.limit ?? 50, 1), 500));
+  }
+
+  /**
+   * Runs the batch until it completes, pauses, is stopped or expires (or
+   * `maxDurationMs` passes). One runner at a time: a lease on the row.
+   */
+  async run(id: string, options: RunOptions): Promise<BatchView> {
+    const operator = parseInput(operatorSchema, options?.operator, "operator");
+    const runner = `${operator}@${hostname()}:${process.pid}:${uuidv7().slice(-8)}`;
+    const startedAt = this.#ops.clock.now();
+    let published = 0;
+
+    const first = await this.#load(id);
+    if (first.status === "awaiting_approval")
+      throw new OpsError("CONFLICT", `batch ${id} awaits approval by a second operator`);
+    if (first.status === "paused")
+      throw new OpsError("CONFLICT", `batch ${id} is paused (${first.stopReason ?? "no reason"}); resume it first`);
+    if (TERMINAL.includes(first.status)) return this.get(id);
+    if (first.expiresAt.getTime() <= startedAt) return this.#finish(id, "expired", "expired before it finished");
+
+    await this.#ops.audit({
+      operator,
+      action: "batch.run",
+      scope: { batchId: id },
+      result: "ok",
+      detail: `runner ${runner}`,
+    });
+    const leased = await this.#db
+      .update(replayBatches)
+      .set({
+        status: "running",
+        leaseOwner: runner,
+        leaseExpiresAt: new Date(startedAt + this.#policy.leaseMs),
+        startedAt: first.startedAt ?? this.#now(),
+        rateWindowStart: first.rateWindowStart ?? this.#now(),
+      })
+      .where(
+        and(
+          eq(replayBatches.id, id),
+          inArray(replayBatches.status, ["ready", "running"]),
+          or(isNull(replayBatches.leaseOwner), lt(replayBatches.leaseExpiresAt, this.#now())),
+        ),
+      )
+      .returning({ id: replayBatches.id });
+    if (leased.length === 0)
+      throw new OpsError("CONFLICT", `batch ${id} is being run by another runner (or changed state)`);
+
+    const intervalMs = 1000 / first.ratePerSecond;
+    const progress = async () => {
+      if (!options.onProgress) return;
+      const batch = await this.get(id);
+      const elapsed = Math.max(1, this.#ops.clock.now() - startedAt) / 1000;
+      options.onProgress({ batch, rate: published / elapsed, etaSeconds: batch.pending / first.ratePerSecond });
+    };
+
+    try {
+      for (;;) {
+        const batch = await this.#load(id);
+        if (batch.status !== "running" || batch.leaseOwner !== runner) return this.get(id);
+        if (options.signal?.aborted) {
+          await this.#transition(id, ["running"], "paused", {
+            stopReason: `interrupted: runner of ${operator} was stopped`,
+          });
+          return this.get(id);
+        }
+        if (batch.expiresAt.getTime() <= this.#ops.clock.now())
+          return this.#finish(id, "expired", "expired before it finished");
+        if (options.maxDurationMs !== undefined && this.#ops.clock.now() - startedAt >= options.maxDurationMs)
+          return this.get(id);
+        await this.#db
+          .update(replayBatches)
+          .set({ leaseExpiresAt: new Date(this.#ops.clock.now() + this.#policy.leaseMs) })
+          .where(and(eq(replayBatches.id, id), eq(replayBatches.leaseOwner, runner)));
+
+        const inSample = Boolean(batch.sampleSize) && !batch.samplePassedAt;
+        const items = await this.#db
+          .select({ deadLetterId: replayBatchItems.deadLetterId })
+          .from(replayBatchItems)
+          .where(
+            and(
+              eq(replayBatchItems.batchId, id),
+              eq(replayBatchItems.state, "pending"),
+              inSample ? eq(replayBatchItems.inSample, true) : undefined,
+            ),
+          )
+          .orderBy(asc(replayBatchItems.position))
+          .limit(batch.batchSize);
+
+        if (inSample && items.length === 0) {
+          const verdict = await this.#awaitSample(id, options.signal);
+          if (verdict !== "passed") {
+            await this.#transition(id, ["running"], "paused", { stopReason: verdict });
+            return this.get(id);
+          }
+          await this.#db.update(replayBatches).set({ samplePassedAt: this.#now() }).where(eq(replayBatches.id, id));
+          continue;
+        }
+        if (items.length === 0) return this.#finish(id, "completed", null);
+
+        for (const item of items) {
+          // Paced from the run's start: the batch never exceeds its rate, whatever the publish latency.
+          const due = startedAt + published * intervalMs;
+          const wait = due - this.#ops.clock.now();
+          if (wait > 0) await sleep(wait, options.signal);
+          if (options.signal?.aborted) break;
+          const result = await this.#ops.replayOne(item.deadLetterId, {
+            operator,
+            reason: `batch ${id}: ${batch.reason}`,
+            batchId: id,
+          });
+          if (result.outcome === "failed") {
+            await this.#transition(id, ["running"], "paused", { stopReason: `replay failed: ${result.detail}` });
+            return this.get(id);
+          }
+          published += 1;
+          const state = result.outcome === "replayed" ? "replayed" : "skipped";
+          await this.#db
+            .update(replayBatchItems)
+            .set({ state, replayedAt: this.#now() })
+            .where(and(eq(replayBatchItems.batchId, id), eq(replayBatchItems.deadLetterId, item.deadLetterId)));
+          await this.#db
+            .update(replayBatches)
+            .set(
+              state === "replayed"
+                ? { replayed: sql`${replayBatches.replayed} + 1` }
+                : { skipped: sql`${replayBatches.skipped} + 1` },
+            )
+            .where(eq(replayBatches.id, id));
+        }
+
+        const window = await this.#stats(id, batch.rateWindowStart);
+        await this.#db
+          .update(replayBatches)
+          .set({ failedAgain: (await this.#stats(id, null)).failedAgain })
+          .where(eq(replayBatches.id, id));
+        const resolved = window.succeeded + window.failedAgain;
+        if (
+          !inSample &&
+          resolved >= this.#policy.minResolvedForRate &&
+          window.failedAgain / resolved > batch.maxFailureRate
+        ) {
+          const rate = Math.round((window.failedAgain / resolved) * 100);
+          await this.#transition(id, ["running"], "paused", {
+            stopReason: `failure rate ${rate}% (${window.failedAgain} of ${resolved} resolved replays failed again) is over ${Math.round(batch.maxFailureRate * 100)}%`,
+          });
+          return this.get(id);
+        }
+        await progress();
+      }
+    } finally {
+      await this.#db
+        .update(replayBatches)
+        .set({ leaseOwner: null, leaseExpiresAt: null })
+        .where(and(eq(replayBatches.id, id), eq(replayBatches.leaseOwner, runner)));
+      await progress().catch(() => {});
+    }
+  }
+
+  /** Waits until every sample job succeeded or one failed again; a timeout is a failure to decide. */
+  async #awaitSample(id: string, signal: AbortSignal | undefined): Promise<"passed" | string> {
+    const deadline = this.#ops.clock.now() + this.#policy.sampleTimeoutMs;
+    for (;;) {
+      const stats = await this.#stats(id, null, true);
+      if (stats.failedAgain > 0) return `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`;
+      if (stats.unresolved === 0) return "passed";
+      if (this.#ops.clock.now() >= deadline || signal?.aborted) {
+        return `sample: ${stats.unresolved} of ${stats.replayed} sample jobs did not resolve within ${this.#policy.sampleTimeoutMs} ms`;
+      }
+      await sleep(this.#policy.pollIntervalMs, signal);
+    }
+  }
+
+  /**
+   * For the batch's replayed items (since `since`, or only the sample): how
+   * many jobs now have a fence (succeeded) and how many have a newer dead
+   * letter of the same job and consumer (failed again).
+   */
+  async #stats(id: string, since: Date | null, sampleOnly = false) {
+    const result = await this.#db.execute(sql`
+      select count(*)::int as replayed,
+             count(*) filter (where f.failed)::int as failed_again,
+             count(*) filter (where not f.failed and f.succeeded)::int as succeeded
+      from core.replay_batch_items i
+      join core.dead_letters d on d.id = i.dead_letter_id
+      cross join lateral (
+        select exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer) as succeeded,
+               exists (select 1 from core.dead_letters n
+                       where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
+                         and n.created_at >= d.status_changed_at) as failed
+      ) f
+      where i.batch_id = ${id} and i.state = 'replayed'
+        ${since ? sql`and i.replayed_at >= ${since.toISOString()}::timestamptz` : sql``}
+        ${sampleOnly ? sql`and i.in_sample` : sql``}`);
+    const [row] = rowsOf<{ replayed: number; failed_again: number; succeeded: number }>(result);
+    const replayed = row?.replayed ?? 0;
+    const failedAgain = row?.failed_again ?? 0;
+    const succeeded = row?.succeeded ?? 0;
+    return { replayed, failedAgain, succeeded, unresolved: replayed - failedAgain - succeeded };
+  }
+
+  async #load(id: string): Promise<ReplayBatchRow> {
+    const batchId = parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
+    const [batch] = await this.#db.select().from(replayBatches).where(eq(replayBatches.id, batchId));
+    if (!batch) throw new OpsError("NOT_FOUND", `no replay batch ${id}`);
+    return batch;
+  }
+
+  /** A conditional state change: it happens only from one of `from`, else CONFLICT saying the current state. */
+  async #transition(
+    id: string,
+    from: ReplayBatchStatus[],
+    to: ReplayBatchStatus,
+    set: Partial<typeof replayBatches.$inferInsert>,
+  ) {
+    const changed = await this.#db
+      .update(replayBatches)
+      .set({ ...set, status: to })
+      .where(and(eq(replayBatches.id, id), inArray(replayBatches.status, from)))
+      .returning({ id: replayBatches.id });
+    if (changed.length === 0) {
+      const batch = await this.#load(id);
+      throw new OpsError("CONFLICT", `batch ${id} is ${batch.status}; it must be ${from.join(" or ")} to become ${to}`);
+    }
+  }
+
+  async #finish(id: string, status: "completed" | "expired", reason: string | null): Promise<BatchView> {
+    await this.#db
+      .update(replayBatches)
+      .set({ status, stopReason: reason, endedAt: this.#now(), leaseOwner: null, leaseExpiresAt: null })
+      .where(and(eq(replayBatches.id, id), inArray(replayBatches.status, ["ready", "running"])));
+    return this.get(id);
+  }
+}
+
+/** The filter as stored: dates as ISO strings. */
+function jsonFilter(filter: z.output<typeof deadLetterFilterSchema>) {
+  const out: Record<string, string> = {};
+  for (const [key, value] of Object.entries(filter)) {
+    if (value !== undefined) out[key] = value instanceof Date ? value.toISOString() : String(value);
+  }
+  return out;
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const timer = setTimeout(done, ms);
+    function done() {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    }
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+export type { DeadLetterFilter };

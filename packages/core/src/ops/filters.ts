@@ -1,0 +1,44 @@
+import { z } from "zod";
+import { DEAD_LETTER_STATUSES, ERROR_CLASSES } from "../db/schema.ts";
+import { formatIssues } from "../envelope.ts";
+import { OpsError } from "../errors.ts";
+
+const text = z.string().trim().min(1).max(200);
+const instant = z.coerce.date({ error: "must be a date/time (ISO 8601)" });
+
+/** Which dead letters an operation looks at. Every field narrows; none means all. */
+export const deadLetterFilterSchema = z
+  .strictObject({
+    queue: text.optional(),
+    consumer: text.optional(),
+    tenantId: text.optional(),
+    kind: text.optional(),
+    errorClass: z.enum(ERROR_CLASSES).optional(),
+    status: z.enum(DEAD_LETTER_STATUSES).optional(),
+    createdAfter: instant.optional(),
+    createdBefore: instant.optional(),
+  })
+  .refine((f) => !(f.createdAfter && f.createdBefore) || f.createdAfter < f.createdBefore, {
+    message: "createdAfter must be before createdBefore",
+  });
+export type DeadLetterFilter = z.input<typeof deadLetterFilterSchema>;
+export type ParsedFilter = z.output<typeof deadLetterFilterSchema>;
+
+/** Validates operator input with a schema; a failure is an `OpsError("INVALID_INPUT")` naming every problem. */
+export function parseInput<S extends z.ZodType>(schema: S, value: unknown, what: string): z.output<S> {
+  const result = schema.safeParse(value ?? {});
+  if (!result.success) {
+    throw new OpsError(
+      "INVALID_INPUT",
+      `invalid ${what}: ${formatIssues(result.error).join("; ").replaceAll("envelope:", "")}`,
+    );
+  }
+  return result.data;
+}
+
+export const operatorSchema = z.string().trim().min(1, "operator is required").max(200);
+export const reasonSchema = z.string().trim().min(1, "a non-empty reason is required").max(2000);
+export const idListSchema = z
+  .array(z.uuid({ error: "must be a dead-letter id (UUID)" }))
+  .min(1, "give at least one id")
+  .max(1000);

@@ -1,0 +1,31 @@
+// `@softcrum/core/ops`: what Softcrum Ops uses to review, replay and discard
+// dead letters — the library, its HTTP handlers and the JWT authorizer.
+import { type BatchPolicy, ReplayBatches } from "./batches.ts";
+import { DeadLetterOperations, type OpsDeps } from "./operations.ts";
+
+export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batches.ts";
+export { DEFAULT_BATCH_POLICY, ReplayBatches } from "./batches.ts";
+export type { DeadLetterFilter } from "./filters.ts";
+export { deadLetterFilterSchema } from "./filters.ts";
+export type {
+  ActionOutcome,
+  ActionReport,
+  DeadLetterDetail,
+  DeadLetterSummary,
+  OpsDeps,
+  OpsMetricsPort,
+  Page,
+  PageRequest,
+} from "./operations.ts";
+export { DeadLetterOperations, decodePayload, noopOpsMetrics } from "./operations.ts";
+
+export interface Ops {
+  readonly deadLetters: DeadLetterOperations;
+  readonly batches: ReplayBatches;
+}
+
+/** The operations API over `core.dead_letters`, publishing replays through `queue`. */
+export function createOps(deps: OpsDeps & { batchPolicy?: Partial<BatchPolicy> }): Ops {
+  const deadLetters = new DeadLetterOperations(deps);
+  return { deadLetters, batches: new ReplayBatches(deadLetters, deps.batchPolicy) };
+}

@@ -1,0 +1,411 @@
+/**
+ * Operator actions on dead letters: find, read, discard with a reason, and
+ * replay — single letters or rate-limited batches (see batches.ts). Every
+ * mutating call is audited in `core.ops_audit`. Replay republishes the
+ * ORIGINAL envelope with the SAME job_id, so the fence makes a job that had
+ * already committed a no-op; it never passes a transport de-duplication key.
+ */
+import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, lt, type SQL, sql } from "drizzle-orm";
+import { uuidv7 } from "uuidv7";
+import { z } from "zod";
+import { type Clock, systemClock } from "../clock.ts";
+import type { AnyPgDatabase } from "../consumer.ts";
+import { type DeadLetterRow, deadLetters, opsAudit } from "../db/schema.ts";
+import { checkEnvelope, type Envelope } from "../envelope.ts";
+import { describeError, OpsError } from "../errors.ts";
+import type { QueuePort } from "../queue-port.ts";
+import {
+  type DeadLetterFilter,
+  deadLetterFilterSchema,
+  idListSchema,
+  operatorSchema,
+  type ParsedFilter,
+  parseInput,
+  reasonSchema,
+} from "./filters.ts";
+
+/** Where replay and failed-again counts go (OpenTelemetry in production). */
+export interface OpsMetricsPort {
+  replayed(attributes: { readonly queue: string; readonly consumer: string }): void;
+}
+export const noopOpsMetrics: OpsMetricsPort = { replayed() {} };
+
+export interface OpsDeps {
+  readonly db: AnyPgDatabase;
+  /** Where replays are published: the same adapter the module's producers use. */
+  readonly queue: QueuePort;
+  /** @default no metrics */
+  readonly metrics?: OpsMetricsPort;
+  /** @default the system clock */
+  readonly clock?: Clock;
+}
+
+export type DeadLetterSummary = Omit<DeadLetterRow, "payload">;
+
+export interface Page<T> {
+  readonly items: T[];
+  /** Pass back as `cursor` for the next page; null on the last one. */
+  readonly nextCursor: string | null;
+}
+
+export interface DeadLetterDetail extends DeadLetterRow {
+  /** The payload decoded as text (base64 payloads decoded), and as an envelope when it is one. */
+  readonly payloadText: string;
+  readonly envelope: Envelope | null;
+  /** Other dead letters of the same job and consumer: earlier failures and failures after replays. */
+  readonly related: DeadLetterSummary[];
+  /** Audit entries that name this letter. */
+  readonly history: { at: Date; operator: string; action: string; result: string; detail: string | null }[];
+}
+
+/** Per id, what an action did. */
+export type ActionOutcome = "discarded" | "replayed" | "not_found" | "not_pending" | "not_replayable" | "failed";
+export interface ActionReport {
+  readonly results: { readonly id: string; readonly outcome: ActionOutcome; readonly detail?: string }[];
+  readonly counts: Partial<Record<ActionOutcome, number>>;
+}
+
+const pageSchema = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.uuid({ error: "is not a cursor from a previous page" }).optional(),
+  order: z.enum(["newest", "oldest"]).default("newest"),
+});
+export type PageRequest = z.input<typeof pageSchema>;
+
+const summaryColumns = (() => {
+  const { payload: _payload, ...rest } = getTableColumns(deadLetters);
+  return rest;
+})();
+
+/** The filter as SQL conditions. */
+export function filterConditions(filter: ParsedFilter): SQL[] {
+  const c: SQL[] = [];
+  if (filter.queue) c.push(eq(deadLetters.queue, filter.queue));
+  if (filter.consumer) c.push(eq(deadLetters.consumer, filter.consumer));
+  if (filter.tenantId) c.push(eq(deadLetters.tenantId, filter.tenantId));
+  if (filter.kind) c.push(eq(deadLetters.kind, filter.kind));
+  if (filter.errorClass) c.push(eq(deadLetters.errorClass, filter.errorClass));
+  if (filter.status) c.push(eq(deadLetters.status, filter.status));
+  if (filter.createdAfter) c.push(gte(deadLetters.createdAt, filter.createdAfter));
+  if (filter.createdBefore) c.push(lt(deadLetters.createdAt, filter.createdBefore));
+  return c;
+}
+
+/** Decodes a stored payload and reads it as an envelope, if it is one. */
+export function decodePayload(row: Pick<DeadLetterRow, "payload" | "payloadEncoding">): {
+  text: string;
+  envelope: Envelope | null;
+  problem?: string;
+} {
+  const text = row.payloadEncoding === "base64" ? Buffer.from(row.payload, "base64").toString("utf8") : row.payload;
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return { text, envelope: null, problem: "the payload is not JSON" };
+  }
+  const check = checkEnvelope(value);
+  return check.ok
+    ? { text, envelope: check.envelope }
+    : { text, envelope: null, problem: `not an envelope: ${check.issues.join("; ")}` };
+}
+
+export class DeadLetterOperations {
+  readonly db: AnyPgDatabase;
+  readonly queue: QueuePort;
+  readonly metrics: OpsMetricsPort;
+  readonly clock: Clock;
+
+  constructor(deps: OpsDeps) {
+    this.db = deps.db;
+    this.queue = deps.queue;
+    this.metrics = deps.metrics ?? noopOpsMetrics;
+    this.clock = deps.clock ?? systemClock;
+  }
+
+  /** Letters matching `filter`, newest (or oldest) first, `limit` at a time. */
+  async list(filter: DeadLetterFilter = {}, page: PageRequest = {}): Promise<Page<DeadLetterSummary>> {
+    const f = parseInput(deadLetterFilterSchema, filter, "filter");
+    const p = parseInput(pageSchema, page, "page");
+    const conditions = filterConditions(f);
+    // Ids are UUID v7, so id order is creation order: the cursor is the last id seen.
+    if (p.cursor) conditions.push(p.order === "newest" ? lt(deadLetters.id, p.cursor) : gt(deadLetters.id, p.cursor));
+    const rows = await this.db
+      .select(summaryColumns)
+      .from(deadLetters)
+      .where(and(...conditions))
+      .orderBy(p.order === "newest" ? desc(deadLetters.id) : asc(deadLetters.id))
+      .limit(p.limit + 1);
+    const items = rows.slice(0, p.limit);
+    return { items, nextCursor: rows.length > p.limit ? (items.at(-1)?.id ?? null) : null };
+  }
+
+  async count(filter: DeadLetterFilter = {}): Promise<number> {
+    const f = parseInput(deadLetterFilterSchema, filter, "filter");
+    const [row] = await this.db
+      .select({ n: sql<number>`count(*)::int` })
+      .from(deadLetters)
+      .where(and(...filterConditions(f)));
+    return row?.n ?? 0;
+  }
+
+  /** One letter with its payload, the failures related to it, and its audit history. */
+  async get(id: string): Promise<DeadLetterDetail> {
+    const [letterId] = parseInput(idListSchema, [id], "id");
+    const [row] = await this.db
+      .select()
+      .from(deadLetters)
+      .where(eq(deadLetters.id, letterId as string));
+    if (!row) throw new OpsError("NOT_FOUND", `no dead letter ${id}`);
+    const related = row.jobId
+      ? await this.db
+          .select(summaryColumns)
+          .from(deadLetters)
+          .where(
+            and(
+              eq(deadLetters.jobId, row.jobId),
+              eq(deadLetters.consumer, row.consumer),
+              sql`${deadLetters.id} <> ${row.id}`,
+            ),
+          )
+          .orderBy(asc(deadLetters.id))
+      : [];
+    const history = await this.db
+      .select({
+        at: opsAudit.at,
+        operator: opsAudit.operator,
+        action: opsAudit.action,
+        result: opsAudit.result,
+        detail: opsAudit.detail,
+      })
+      .from(opsAudit)
+      .where(sql`${opsAudit.scope} -> 'ids' ? ${row.id}`)
+      .orderBy(asc(opsAudit.at));
+    const decoded = decodePayload(row);
+    return { ...row, payloadText: decoded.text, envelope: decoded.envelope, related, history };
+  }
+
+  /** Marks pending letters `discarded` with who, when and why. A reason is required (the database enforces it too). */
+  async discard(ids: readonly string[], input: { operator: string; reason: string }): Promise<ActionReport> {
+    const { operator, reason, idList } = this.#actionInput(ids, input);
+    return this.#audited(operator, "dead_letter.discard", { ids: idList, reason }, async () => {
+      const updated = await this.db
+        .update(deadLetters)
+        .set({
+          status: "discarded",
+          // Database time: the replay-DLQ view compares it with dead letters' created_at.
+          statusChangedAt: sql`now()`,
+          statusChangedBy: operator,
+          statusReason: reason,
+        })
+        .where(and(inArray(deadLetters.id, idList), eq(deadLetters.status, "pending_review")))
+        .returning({ id: deadLetters.id });
+      const done = new Set(updated.map((r) => r.id));
+      return this.#report(idList, done, "discarded");
+    });
+  }
+
+  /** Replays pending letters one by one; see `replayOne`. */
+  async replay(ids: readonly string[], input: { operator: string; reason: string }): Promise<ActionReport> {
+    const { operator, reason, idList } = this.#actionInput(ids, input);
+    return this.#audited(operator, "dead_letter.replay", { ids: idList, reason }, async () => {
+      const results: ActionReport["results"][number][] = [];
+      for (const id of idList) results.push({ id, ...(await this.replayOne(id, { operator, reason, batchId: null })) });
+      return summarize(results);
+    });
+  }
+
+  /**
+   * Republishes one letter's original envelope (same job_id, no dedup key)
+   * and marks it `replayed`. The status change is conditional and held in the
+   * same transaction as the publish: of two operators replaying the same
+   * letter, one publishes and the other finds it no longer pending; if the
+   * publish fails, the letter stays pending. Not audited on its own: callers are.
+   */
+  async replayOne(
+    id: string,
+    input: { operator: string; reason: string; batchId: string | null },
+  ): Promise<{ outcome: ActionOutcome; detail?: string }> {
+    const [row] = await this.db
+      .select({
+        status: deadLetters.status,
+        payload: deadLetters.payload,
+        payloadEncoding: deadLetters.payloadEncoding,
+      })
+      .from(deadLetters)
+      .where(eq(deadLetters.id, id));
+    if (!row) return { outcome: "not_found" };
+    if (row.status !== "pending_review") return { outcome: "not_pending", detail: `status is ${row.status}` };
+    const { envelope, problem } = decodePayload(row);
+    if (!envelope)
+      return {
+        outcome: "not_replayable",
+        detail: `${problem}; it can never succeed — discard it and fix the producer`,
+      };
+    try {
+      return await this.db.transaction(async (tx) => {
+        const [claimed] = await tx
+          .update(deadLetters)
+          .set({
+            status: "replayed",
+            // Database time: the replay-DLQ view compares it with dead letters' created_at.
+            statusChangedAt: sql`now()`,
+            statusChangedBy: input.operator,
+            statusReason: input.reason,
+            replayBatchId: input.batchId,
+          })
+          .where(and(eq(deadLetters.id, id), eq(deadLetters.status, "pending_review")))
+          .returning({ queue: deadLetters.queue, consumer: deadLetters.consumer });
+        if (!claimed)
+          return { outcome: "not_pending" as const, detail: "replayed or discarded by someone else meanwhile" };
+        await this.queue.publish(claimed.queue, envelope);
+        this.metrics.replayed(claimed);
+        return { outcome: "replayed" as const };
+      });
+    } catch (error) {
+      return { outcome: "failed", detail: `publish failed, the letter stays pending: ${describeError(error)}` };
+    }
+  }
+
+  /**
+   * The replay-DLQ view: letters created after a replay of the same job and
+   * consumer, i.e. replayed jobs that failed again, with the batch that
+   * replayed them.
+   */
+  async failedAfterReplay(
+    options: { batchId?: string } = {},
+  ): Promise<(DeadLetterSummary & { replayedFrom: string; batchId: string | null })[]> {
+    const batchId = options.batchId === undefined ? undefined : parseInput(z.uuid(), options.batchId, "batch id");
+    const rows = await this.db.execute(sql`
+      select n.id, o.id as replayed_from, o.replay_batch_id as batch_id
+      from core.dead_letters o
+      join core.dead_letters n
+        on n.job_id = o.job_id and n.consumer = o.consumer and n.id <> o.id and n.created_at >= o.status_changed_at
+      where o.status = 'replayed' ${batchId ? sql`and o.replay_batch_id = ${batchId}` : sql``}
+      order by n.id`);
+    const links = rowsOf<{ id: string; replayed_from: string; batch_id: string | null }>(rows);
+    if (links.length === 0) return [];
+    const letters = await this.db
+      .select(summaryColumns)
+      .from(deadLetters)
+      .where(
+        inArray(
+          deadLetters.id,
+          links.map((l) => l.id),
+        ),
+      );
+    const byId = new Map(letters.map((l) => [l.id, l]));
+    return links.flatMap((l) => {
+      const letter = byId.get(l.id);
+      return letter ? [{ ...letter, replayedFrom: l.replayed_from, batchId: l.batch_id }] : [];
+    });
+  }
+
+  /** Pending depth and the age of the oldest pending letter, per queue and consumer (for gauges and dashboards). */
+  async depth(): Promise<{ queue: string; consumer: string; pending: number; oldestPendingAgeMs: number }[]> {
+    const rows = await this.db
+      .select({
+        queue: deadLetters.queue,
+        consumer: deadLetters.consumer,
+        pending: sql<number>`count(*)::int`,
+        oldest: sql<Date>`min(${deadLetters.createdAt})`.mapWith(deadLetters.createdAt),
+      })
+      .from(deadLetters)
+      .where(eq(deadLetters.status, "pending_review"))
+      .groupBy(deadLetters.queue, deadLetters.consumer)
+      .orderBy(deadLetters.queue, deadLetters.consumer);
+    const now = this.clock.now();
+    return rows.map((r) => ({
+      queue: r.queue,
+      consumer: r.consumer,
+      pending: r.pending,
+      oldestPendingAgeMs: Math.max(0, now - r.oldest.getTime()),
+    }));
+  }
+
+  /** Records an operator action and its result; a refused or failed action is recorded too. */
+  async audit(entry: {
+    operator: string;
+    action: string;
+    scope: unknown;
+    result: "ok" | "rejected" | "refused" | "error";
+    detail?: string;
+  }) {
+    await this.db.insert(opsAudit).values({
+      id: uuidv7(),
+      at: new Date(this.clock.now()),
+      operator: entry.operator,
+      action: entry.action,
+      scope: entry.scope ?? {},
+      result: entry.result,
+      detail: entry.detail ?? null,
+    });
+  }
+
+  /** Runs an action and audits it: ok, or rejected (OpsError) / error (anything else), then rethrows. */
+  async #audited<T extends ActionReport | object>(
+    operator: string,
+    action: string,
+    scope: unknown,
+    run: () => Promise<T>,
+  ): Promise<T> {
+    try {
+      const result = await run();
+      const detail = "counts" in result ? JSON.stringify((result as ActionReport).counts) : undefined;
+      await this.audit({ operator, action, scope, result: "ok", ...(detail ? { detail } : {}) });
+      return result;
+    } catch (error) {
+      const rejected = error instanceof OpsError;
+      await this.audit({
+        operator,
+        action,
+        scope,
+        result: rejected ? "rejected" : "error",
+        detail: describeError(error),
+      }).catch(() => {});
+      throw error;
+    }
+  }
+
+  audited<T extends object>(operator: string, action: string, scope: unknown, run: () => Promise<T>): Promise<T> {
+    return this.#audited(operator, action, scope, run);
+  }
+
+  #actionInput(ids: readonly string[], input: { operator: string; reason: string }) {
+    const operator = parseInput(operatorSchema, input?.operator, "operator");
+    const reason = parseInput(reasonSchema, input?.reason, "reason");
+    const idList = [...new Set(parseInput(idListSchema, ids, "ids"))];
+    return { operator, reason, idList };
+  }
+
+  async #report(ids: string[], done: Set<string>, outcome: ActionOutcome): Promise<ActionReport> {
+    const rest = ids.filter((id) => !done.has(id));
+    const existing = rest.length
+      ? await this.db
+          .select({ id: deadLetters.id, status: deadLetters.status })
+          .from(deadLetters)
+          .where(inArray(deadLetters.id, rest))
+      : [];
+    const status = new Map(existing.map((r) => [r.id, r.status]));
+    return summarize(
+      ids.map((id) => {
+        if (done.has(id)) return { id, outcome };
+        const s = status.get(id);
+        return s
+          ? { id, outcome: "not_pending" as const, detail: `status is ${s}` }
+          : { id, outcome: "not_found" as const };
+      }),
+    );
+  }
+}
+
+function summarize(results: ActionReport["results"][number][]): ActionReport {
+  const counts: Partial<Record<ActionOutcome, number>> = {};
+  for (const r of results) counts[r.outcome] = (counts[r.outcome] ?? 0) + 1;
+  return { results, counts };
+}
+
+/** postgres.js returns rows as an array, PGlite and node-postgres as `{ rows }`. */
+export function rowsOf<T>(result: unknown): T[] {
+  return (Array.isArray(result) ? result : ((result as { rows?: T[] }).rows ?? [])) as T[];
+}
