@@ -3,10 +3,14 @@
 import { type BatchPolicy, ReplayBatches } from "./batches.ts";
 import { DeadLetterOperations, type OpsDeps } from "./operations.ts";
 
+export type { Authorizer, JwtAuthorizerOptions, Principal } from "./auth.ts";
+export { APPROVER_ROLE, jwtAuthorizer, OPERATOR_ROLE } from "./auth.ts";
 export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batches.ts";
 export { DEFAULT_BATCH_POLICY, ReplayBatches } from "./batches.ts";
 export type { DeadLetterFilter } from "./filters.ts";
 export { deadLetterFilterSchema } from "./filters.ts";
+export type { OpsHandlerOptions } from "./http.ts";
+export { createOpsHandler } from "./http.ts";
 export type {
   ActionOutcome,
   ActionReport,

@@ -193,8 +193,8 @@ export class DeadLetterOperations {
         .update(deadLetters)
         .set({
           status: "discarded",
-          // Database time: the replay-DLQ view compares it with dead letters' created_at.
-          statusChangedAt: sql`now()`,
+          statusChangedAt: sql`now()`, // database time, like created_at
+
           statusChangedBy: operator,
           statusReason: reason,
         })
