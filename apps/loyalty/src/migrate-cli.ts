@@ -1,8 +1,5 @@
 // `pnpm db:migrate` (from the root): the loyalty module's tables on $DATABASE_URL.
-import { drizzle } from "drizzle-orm/postgres-js";
-import { migrate } from "drizzle-orm/postgres-js/migrator";
-import postgres from "postgres";
-import { loyaltyMigrationsFolder, loyaltyMigrationsTable } from "./migrations.ts";
+import { migrateLoyalty } from "./migrations.ts";
 
 const url = process.env["DATABASE_URL"];
 if (!url) {
@@ -11,13 +8,10 @@ if (!url) {
   );
   process.exit(2);
 }
-const client = postgres(url, { max: 1, onnotice: () => {} });
 try {
-  await migrate(drizzle({ client }), { migrationsFolder: loyaltyMigrationsFolder, ...loyaltyMigrationsTable });
+  await migrateLoyalty(url);
   console.log("loyalty migrations applied");
 } catch (error) {
   console.error(`loyalty migrations failed: ${error instanceof Error ? error.message : String(error)}`);
   process.exitCode = 1;
-} finally {
-  await client.end();
 }

@@ -27,7 +27,7 @@ beforeAll(async () => {
 });
 
 beforeEach(async () => {
-  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters`;
+  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters cascade`;
 });
 
 const awardSchema = z.object({ customerId: z.string().min(1), points: z.number().int().positive() });

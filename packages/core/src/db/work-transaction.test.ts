@@ -18,28 +18,31 @@ beforeAll(async () => {
   await createEffectsTable(db.sql);
 });
 beforeEach(async () => {
-  await db.sql`truncate test_effects, core.processed_jobs`;
+  await db.sql`truncate test_effects, core.processed_jobs cascade`;
 });
 afterAll(async () => {
   await Promise.all(closers.map((close) => close()));
 });
 
 /** The same runner semantics on both paths: postgres.js (pipelined) and any other driver (db.transaction). */
-const drivers: [string, (max: number, options?: { prepare?: boolean }) => AnyPgDatabase][] = [
+type Connect = (max: number, options?: { prepare?: boolean; withSchema?: boolean }) => AnyPgDatabase;
+const drivers: [string, Connect][] = [
   [
     "postgres.js (pipelined BEGIN + fence)",
     (max, options) => {
-      const client = postgres(db.url, { max, onnotice: () => {}, ...options });
+      const client = postgres(db.url, { max, onnotice: () => {}, prepare: options?.prepare ?? true });
       closers.push(() => client.end());
-      return drizzlePostgresJs({ client });
+      return options?.withSchema ? drizzlePostgresJs({ client, schema: { effects } }) : drizzlePostgresJs({ client });
     },
   ],
   [
     "node-postgres (Drizzle transaction)",
-    (max) => {
+    (max, options) => {
       const pool = new pg.Pool({ connectionString: db.url, max });
       closers.push(() => pool.end());
-      return drizzleNodePg({ client: pool });
+      return options?.withSchema
+        ? drizzleNodePg({ client: pool, schema: { effects } })
+        : drizzleNodePg({ client: pool });
     },
   ],
 ];
@@ -119,6 +122,34 @@ describe.each(drivers)("work transaction on %s", (_name, connect) => {
       ),
     );
     expect(peak).toBe(1);
+  });
+
+  test("work that catches the error of a failed statement is not committed as if it succeeded", async () => {
+    const run = workTransactionFor(connect(1));
+    const jobId = uuidv7();
+    const outcome = await run({ jobId, consumer: "c" }, async (tx) => {
+      await tx.insert(effects).values({ jobId, consumer: "c", amount: 1 });
+      // "insert, ignore the error": Postgres has aborted the transaction by now.
+      await tx.execute(dsql`select 1/0`).catch(() => {});
+    }).then(
+      () => "resolved",
+      () => "rejected",
+    );
+    expect(outcome).toBe("rejected");
+    expect(await counts()).toEqual({ fences: 0, effects: 0 });
+  });
+
+  test("the relational query API (tx.query) works in the work transaction", async () => {
+    const run = workTransactionFor(connect(1, { withSchema: true }));
+    const jobId = uuidv7();
+    let found: unknown;
+    await run({ jobId, consumer: "c" }, async (tx) => {
+      await tx.insert(effects).values({ jobId, consumer: "rel", amount: 4 });
+      found = await (
+        tx as unknown as { query: { effects: { findFirst(): Promise<unknown> } } }
+      ).query.effects.findFirst();
+    });
+    expect(found).toEqual({ jobId, consumer: "rel", amount: 4 });
   });
 
   test("a nested tx.transaction() is a savepoint: its failure rolls back only its own writes", async () => {

@@ -5,11 +5,11 @@
  * Two ways to do that, same semantics:
  * - any Drizzle Postgres driver: `db.transaction()` and the fence through the
  *   query builder;
- * - postgres.js (production): the harness opens the transaction on a reserved
- *   connection itself, so that BEGIN, the ordering lock and the fence insert
- *   go out in one pipelined round trip, as server-prepared statements; the
- *   handler gets a Drizzle transaction on that connection whose queries are
- *   prepared too, as postgres.js does by default. See
+ * - postgres.js (production): the harness opens the transaction with
+ *   postgres.js' own `begin()`, sends the ordering lock and the fence insert
+ *   together (pipelined) as server-prepared statements, and gives the handler
+ *   a Drizzle transaction on that connection whose queries are prepared too,
+ *   as postgres.js does by default (Drizzle prepares only named queries). See
  *   docs/adr/0002-work-transaction-on-postgres-js.md for why and what it relies on.
  */
 import { is, sql } from "drizzle-orm";
@@ -32,7 +32,7 @@ export type RunInWorkTransaction = (
 ) => Promise<boolean>;
 
 export function workTransactionFor(db: AnyPgDatabase): RunInWorkTransaction {
-  return pipelinedPostgresJs(db) ?? viaDrizzleTransaction(db);
+  return preparedPostgresJs(db) ?? viaDrizzleTransaction(db);
 }
 
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
@@ -54,78 +54,61 @@ function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
         .returning({ jobId: processedJobs.jobId });
       if (fence.length === 0) return false;
       await work(tx);
+      // Some drivers COMMIT an aborted transaction as a silent ROLLBACK: if the
+      // handler caught the error of a failed statement, this raises instead
+      // (25P02), so the job is retried rather than acknowledged with nothing done.
+      await tx.execute(sql`select 1`);
       return true;
     });
 }
 
 /** The parts of a postgres.js client this uses. */
 interface PgClient {
-  reserve(): Promise<ReservedClient>;
+  begin<T>(fn: (sql: TransactionClient) => Promise<T>): Promise<T>;
   options?: { prepare?: boolean };
 }
-interface ReservedClient {
-  unsafe(
-    query: string,
-    params?: unknown[],
-    options?: { prepare?: boolean },
-  ): PromiseLike<unknown[]> & { execute(): unknown };
-  release(): void;
+interface TransactionClient {
+  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<unknown[]>;
 }
 
 /** Drizzle's internals this path needs: present on every PgDatabase at run time, not in its public types. */
 interface DrizzleInternals {
   readonly dialect: PgDialect;
   readonly session: unknown;
-  // biome-ignore lint/suspicious/noExplicitAny: Drizzle's relational schema config, passed through untouched.
-  readonly _: { readonly schema: any };
   readonly $client?: unknown;
 }
 
-function pipelinedPostgresJs(db: AnyPgDatabase): RunInWorkTransaction | undefined {
+function preparedPostgresJs(db: AnyPgDatabase): RunInWorkTransaction | undefined {
   const internals = db as unknown as DrizzleInternals;
   if (!is(internals.session, PostgresJsSession)) return undefined;
   const client = internals.$client as PgClient | undefined;
-  if (typeof client?.reserve !== "function") return undefined;
+  if (typeof client?.begin !== "function") return undefined;
   // A client made with `prepare: false` (e.g. behind a transaction-mode
   // pooler) must not get named statements from us either.
   const prepare = client.options?.prepare !== false;
-  const sessionOptions = (internals.session as { options?: object }).options ?? {};
+  const session = internals.session as unknown as { readonly options?: object; readonly schema?: unknown };
+  const sessionOptions = session.options ?? {};
+  // The relational config ({ fullSchema, schema, tableNamesMap }) that makes `tx.query.*` work.
+  const schema = session.schema;
   const { dialect } = internals;
-  const schema = internals._.schema;
   const Session = (prepare ? PreparedPostgresJsSession : PostgresJsSession) as unknown as new (
     ...args: AnyArgs
   ) => PostgresJsSession<never, never, never>;
 
-  return async (target, work) => {
-    const conn = await client.reserve();
-    let open = false;
-    try {
-      // Sent together without waiting: postgres.js pipelines them on the connection.
-      const begin = Promise.resolve(conn.unsafe("begin"));
-      const lock =
-        target.lockKey === undefined
-          ? undefined
-          : Promise.resolve(conn.unsafe(LOCK_SQL, [target.lockKey], { prepare }));
-      const fence = Promise.resolve(conn.unsafe(FENCE_SQL, [target.jobId, target.consumer], { prepare }));
-      // Settle all three before deciding, so no rejection is left unhandled.
-      const [began, locked, fenced] = await Promise.allSettled([begin, lock, fence]);
-      if (began.status === "fulfilled") open = true;
-      for (const settled of [began, locked, fenced]) if (settled.status === "rejected") throw settled.reason;
-      const inserted = fenced.status === "fulfilled" && fenced.value.length > 0;
-      if (inserted) {
-        const session = new Session(savepointClient(conn), dialect, schema, sessionOptions);
-        await work(new PostgresJsTransaction(dialect, session, schema) as unknown as WorkTransaction);
-      }
-      await conn.unsafe("commit");
-      open = false;
-      return inserted;
-    } catch (error) {
-      if (open) await Promise.resolve(conn.unsafe("rollback")).catch(() => {});
-      throw error;
-    } finally {
-      conn.release();
-    }
-  };
+  // postgres.js' begin() is what keeps this safe: it rejects when the
+  // connection closes mid-transaction, and it refuses to COMMIT a transaction
+  // in which any statement failed, even one whose error the handler caught.
+  return (target, work) =>
+    client.begin(async (sql) => {
+      // The lock and the fence go out together, pipelined on the connection.
+      const lock = target.lockKey === undefined ? undefined : sql.unsafe(LOCK_SQL, [target.lockKey], { prepare });
+      const fence = sql.unsafe(FENCE_SQL, [target.jobId, target.consumer], { prepare });
+      await lock;
+      if ((await fence).length === 0) return false;
+      const txSession = new Session(sql, dialect, schema, sessionOptions);
+      await work(new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction);
+      return true;
+    });
 }
 
 // biome-ignore lint/suspicious/noExplicitAny: Drizzle's session constructor and prepareQuery are generic over types this file does not know.
@@ -141,36 +124,4 @@ class PreparedPostgresJsSession extends SessionBase {
   override prepareQuery(query: unknown, fields: unknown, name: string | undefined, ...rest: AnyArgs) {
     return super.prepareQuery(query, fields, name ?? "", ...rest);
   }
-}
-
-/**
- * A reserved postgres.js connection has no `savepoint()`, which Drizzle calls
- * for a nested `tx.transaction()`: give it one, in SQL.
- */
-interface SavepointClient {
-  unsafe: ReservedClient["unsafe"];
-  savepoint<T>(fn: (inner: SavepointClient) => Promise<T>): Promise<T>;
-}
-
-function savepointClient(conn: ReservedClient): SavepointClient {
-  let depth = 0;
-  const client: SavepointClient = {
-    unsafe: conn.unsafe,
-    async savepoint(fn) {
-      depth += 1;
-      const name = `softcrum_sp_${depth}`;
-      await conn.unsafe(`savepoint ${name}`);
-      try {
-        const result = await fn(client);
-        await conn.unsafe(`release savepoint ${name}`);
-        return result;
-      } catch (error) {
-        await conn.unsafe(`rollback to savepoint ${name}`);
-        throw error;
-      } finally {
-        depth -= 1;
-      }
-    },
-  };
-  return client;
 }

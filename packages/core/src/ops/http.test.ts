@@ -31,7 +31,7 @@ beforeAll(async () => {
   await createEffectsTable(pg.sql);
 });
 beforeEach(async () => {
-  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters, core.replay_batches, core.replay_batch_items, core.ops_audit`;
+  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters, core.replay_batches, core.replay_batch_items, core.ops_audit cascade`;
   queue = createMemoryQueue();
   queue.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger }));
   ops = createOps({ db: pg.db, queue, batchPolicy: { approvalThreshold: 0 } });
