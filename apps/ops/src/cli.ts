@@ -2,10 +2,12 @@
  * `pnpm ops …`: the operator CLI for dead letters and replay batches.
  * Needs DATABASE_URL; mutating commands need an operator (--operator or
  * SOFTCRUM_OPERATOR). Human tables by default, --json for scripts.
+ * SOFTCRUM_OPS_APPROVAL_THRESHOLD: batches selecting more letters than this
+ * need a second operator's approval (default 100).
  *
  * Exit codes: 0 done; 1 unexpected failure; 2 bad input (filter, missing
- * reason or operator); 3 not found; 4 conflict (state forbids it, e.g. awaiting
- * approval); 5 partly done (some ids not acted on, or the batch ended without
+ * reason or operator); 3 not found; 4 refused (the state or a rule forbids it:
+ * awaiting approval, approving your own batch); 5 partly done (some ids not acted on, or the batch ended without
  * completing: paused, stopped or expired).
  */
 import { isSoftcrumError } from "@softcrum/core";
@@ -36,10 +38,20 @@ async function withOps<T>(run: (ctx: Context) => Promise<T>): Promise<T> {
   if (!databaseUrl) throw new ExitError(EXIT.usage, "DATABASE_URL is not set: the CLI works on the module's database");
   const binding = await createOpsBinding({ databaseUrl });
   try {
-    return await run({ ops: createOps({ db: binding.db, queue: binding.queue }) });
+    return await run({ ops: createOps({ db: binding.db, queue: binding.queue, batchPolicy: batchPolicyFromEnv() }) });
   } finally {
     await binding.close();
   }
+}
+
+function batchPolicyFromEnv(): { approvalThreshold?: number } {
+  const raw = process.env["SOFTCRUM_OPS_APPROVAL_THRESHOLD"];
+  if (raw === undefined || raw === "") return {};
+  const threshold = Number(raw);
+  if (!Number.isInteger(threshold) || threshold < 0) {
+    throw new ExitError(EXIT.usage, `SOFTCRUM_OPS_APPROVAL_THRESHOLD must be a whole number, got ${raw}`);
+  }
+  return { approvalThreshold: threshold };
 }
 
 const filterOptions = (command: Command) =>

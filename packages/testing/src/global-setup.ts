@@ -1,11 +1,12 @@
 import type { TestProject } from "vitest/node";
 import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "./postgres.ts";
 
-declare module "vitest" {
-  export interface ProvidedContext {
-    softcrumPostgres: { adminUrl: string; template: string };
-  }
+/** What global setup hands to every test file (through Vitest's provide/inject). */
+export interface ProvidedPostgres {
+  readonly adminUrl: string;
+  readonly template: string;
 }
+export const PROVIDED_KEY = "softcrumPostgres";
 
 /**
  * A Vitest global setup: finds Postgres, creates a template database and runs
@@ -17,7 +18,10 @@ export function createPostgresGlobalSetup(label: string, migrate: (databaseUrl: 
     const template = uniqueDatabaseName("softcrum_tpl", label);
     await withAdmin(server.adminUrl, (sql) => sql`create database ${sql(template)}`);
     await migrate(withDatabase(server.adminUrl, template));
-    project.provide("softcrumPostgres", { adminUrl: server.adminUrl, template });
+    const provided: ProvidedPostgres = { adminUrl: server.adminUrl, template };
+    // Untyped on purpose: a module augmentation of "vitest" breaks when pnpm
+    // installs several peer variants of it in one workspace.
+    (project.provide as (key: string, value: unknown) => void)(PROVIDED_KEY, provided);
     return async () => {
       await withAdmin(server.adminUrl, (sql) => sql`drop database if exists ${sql(template)} with (force)`);
       await server.stop();

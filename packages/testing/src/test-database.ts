@@ -1,7 +1,10 @@
 import { drizzle, type PostgresJsDatabase } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { afterAll, afterEach, beforeAll, inject } from "vitest";
+import { PROVIDED_KEY, type ProvidedPostgres } from "./global-setup.ts";
 import { uniqueDatabaseName, withAdmin, withDatabase } from "./postgres.ts";
+
+const provided = () => (inject as (key: string) => unknown)(PROVIDED_KEY) as ProvidedPostgres;
 
 export interface Connection {
   readonly sql: postgres.Sql;
@@ -35,7 +38,7 @@ export function useTestDatabase(label: string): TestDatabase {
   };
 
   beforeAll(async () => {
-    const { adminUrl, template } = inject("softcrumPostgres");
+    const { adminUrl, template } = provided();
     const name = uniqueDatabaseName("softcrum_t", label);
     await withAdmin(adminUrl, (sql) => sql`create database ${sql(name)} template ${sql(template)}`);
     const url = withDatabase(adminUrl, name);
@@ -51,7 +54,7 @@ export function useTestDatabase(label: string): TestDatabase {
       console.warn(`[test-database] a test failed: kept database ${state.name} for inspection`);
       return;
     }
-    const { adminUrl } = inject("softcrumPostgres");
+    const { adminUrl } = provided();
     const { name } = state;
     await withAdmin(adminUrl, (sql) => sql`drop database if exists ${sql(name)} with (force)`);
   });

@@ -351,8 +351,9 @@ export class ReplayBatches {
         if (items.length === 0) return this.#finish(id, "completed", null);
 
         for (const item of items) {
-          // Paced from the run's start: the batch never exceeds its rate, whatever the publish latency.
-          const due = startedAt + published * intervalMs;
+          // Paced from the run's start, one interval before each replay: the
+          // batch never exceeds its rate, whatever the publish latency.
+          const due = startedAt + (published + 1) * intervalMs;
           const wait = due - this.#ops.clock.now();
           if (wait > 0) await sleep(wait, options.signal);
           if (options.signal?.aborted) break;
