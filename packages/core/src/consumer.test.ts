@@ -106,30 +106,32 @@ describe("fence and work in one transaction", () => {
   });
 
   test("the handler receives the validated data, the envelope, the attempt and a stable idempotency key", async () => {
-    const seen: unknown[] = [];
+    const seen: { data: unknown; envelope: unknown; attempt: number; key: string }[] = [];
     const consumer = pointsConsumer({
       async handle(data, ctx) {
         seen.push({ data, envelope: ctx.envelope, attempt: ctx.attempt, key: ctx.idempotencyKey });
+        if (seen.length === 1) throw new Error("first attempt fails");
       },
     });
     const envelope = award(7);
-    await bindConsumer(consumer, deps()).deliver({ body: JSON.stringify(envelope), deliveryCount: 3 });
-    const other = bindConsumer(
-      pointsConsumer({
-        async handle(_d, ctx) {
-          seen.push(ctx.idempotencyKey);
-        },
-      }),
-      deps(),
-    );
-    await other.deliver({ body: JSON.stringify(envelope), deliveryCount: 1 });
+    const bound = bindConsumer(consumer, deps());
+    await bound.deliver({ body: JSON.stringify(envelope), deliveryCount: 1 });
+    await bound.deliver({ body: JSON.stringify(envelope), deliveryCount: 2 });
+    let otherKey = "";
+    const other = pointsConsumer({
+      async handle(_data, ctx) {
+        otherKey = ctx.idempotencyKey;
+      },
+    });
+    await bindConsumer(other, deps()).deliver({ body: JSON.stringify(envelope), deliveryCount: 1 });
 
-    const [first, otherKey] = seen as [{ data: unknown; envelope: unknown; attempt: number; key: string }, string];
-    expect(first.data).toEqual({ customerId: "c-1", points: 7 });
-    expect(first.envelope).toEqual(envelope);
-    expect(first.attempt).toBe(3);
-    expect(first.key).toMatch(/^[0-9a-f]{64}$/);
-    expect(otherKey).not.toBe(first.key); // per (job, consumer), not per job
+    const [first, second] = seen;
+    expect(first?.data).toEqual({ customerId: "c-1", points: 7 });
+    expect(first?.envelope).toEqual(envelope);
+    expect([first?.attempt, second?.attempt]).toEqual([1, 2]);
+    expect(first?.key).toMatch(/^[0-9a-f]{64}$/);
+    expect(second?.key).toBe(first?.key); // stable across deliveries of the job to this consumer
+    expect(otherKey).not.toBe(first?.key); // per (job, consumer), not per job
   });
 });
 
@@ -439,7 +441,7 @@ describe("rate limits", () => {
     await queue.close();
   });
 
-  test("a RateLimitedError without Retry-After backs off by the policy's base delay", async () => {
+  test("a RateLimitedError without Retry-After backs off by the policy's first (jittered) delay", async () => {
     const consumer = pointsConsumer({
       async handle() {
         throw new RateLimitedError("mail provider bucket empty");
@@ -546,6 +548,16 @@ describe("alerts", () => {
       },
     ]);
     expect(JSON.stringify(alerts.sent)).not.toContain("secret-person");
+  });
+
+  test("a poison payload's alert quotes nothing of the payload", async () => {
+    const alerts = recordingAlerts();
+    const body = '{"email": jane.doe@example.com, "points": 3}';
+    await bindConsumer(pointsConsumer(), deps({ alerts: alerts.port })).deliver({ body, deliveryCount: 1 });
+    expect(alerts.sent).toHaveLength(1);
+    expect(alerts.sent[0]?.error).toBe("payload is not JSON (SyntaxError)");
+    expect(JSON.stringify(alerts.sent)).not.toMatch(/jane|example\.com/);
+    expect((await deadLetterRows())[0]?.payload).toBe(body); // the evidence stays in the row
   });
 
   test.each(["reject", "throw"] as const)(

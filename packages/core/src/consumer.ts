@@ -264,7 +264,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         this.#attributes(failure.failureClass === "permanent" ? "dead_lettered" : "retry"),
       );
       if (failure.failureClass === "permanent" || attempt >= policy.maxAttempts) {
-        return this.#deadLetter({
+        // The fence check covers a COMMIT whose outcome was lost with the connection.
+        return this.#deadLetterUnlessCommitted({
           errorClass: failure.failureClass === "permanent" ? "permanent" : "exhausted",
           attempts: attempt,
           error: failure.message,
@@ -451,7 +452,9 @@ function decodeText(text: string): ReceivedPayload {
   try {
     return { ...stored, value: JSON.parse(text) };
   } catch (thrown) {
-    return { ...stored, decodeError: `payload is not JSON: ${describeError(thrown)}` };
+    // The parser's message quotes the payload; keep only its kind, since the
+    // error also goes into alerts (the payload itself is in the dead letter).
+    return { ...stored, decodeError: `payload is not JSON (${thrown instanceof Error ? thrown.name : "parse error"})` };
   }
 }
 

@@ -30,6 +30,22 @@ describe("classifyFailure", () => {
     });
   });
 
+  test("Retry-After as an HTTP date is honoured; unusable values fall back to the policy", () => {
+    const inTenSeconds = new Date(Date.now() + 10_000).toUTCString();
+    const fromDate = classifyFailure(Object.assign(new Error("slow down"), { status: 429, retryAfter: inTenSeconds }));
+    expect(fromDate.retryAfterMs).toBeGreaterThan(8_000);
+    expect(fromDate.retryAfterMs).toBeLessThanOrEqual(10_000);
+    for (const retryAfterMs of [Number.NaN, -5, Number.POSITIVE_INFINITY]) {
+      expect(classifyFailure(new RateLimitedError("x", { retryAfterMs })).retryAfterMs).toBeUndefined();
+    }
+    expect(
+      classifyFailure(Object.assign(new Error("x"), { status: 429, retryAfter: "soon" })).retryAfterMs,
+    ).toBeUndefined();
+    expect(classifyFailure(Object.assign(new Error("x"), { status: 429, retryAfter: 10 ** 9 })).retryAfterMs).toBe(
+      86_400_000,
+    );
+  });
+
   test.each([
     new Error("ECONNRESET"),
     Object.assign(new Error("server error"), { status: 500 }),

@@ -73,7 +73,7 @@ export class RateLimitedError extends SoftcrumError {
   readonly retryAfterMs: number | undefined;
   constructor(message: string, options?: { retryAfterMs?: number; cause?: unknown }) {
     super("RATE_LIMITED", message, options);
-    this.retryAfterMs = options?.retryAfterMs;
+    this.retryAfterMs = validDelay(options?.retryAfterMs);
   }
 }
 
@@ -115,7 +115,11 @@ export function classifyFailure(thrown: unknown): ClassifiedFailure {
   const message = describeError(thrown);
   if (isSoftcrumError(thrown, "PERMANENT")) return { failureClass: "permanent", message };
   if (isSoftcrumError(thrown, "RATE_LIMITED")) {
-    return { failureClass: "rate_limited", message, retryAfterMs: (thrown as RateLimitedError).retryAfterMs };
+    return {
+      failureClass: "rate_limited",
+      message,
+      retryAfterMs: validDelay((thrown as RateLimitedError).retryAfterMs),
+    };
   }
   if (typeof thrown === "object" && thrown !== null) {
     const e = thrown as Record<string, unknown>;
@@ -127,13 +131,25 @@ export function classifyFailure(thrown: unknown): ClassifiedFailure {
   return { failureClass: "transient", message };
 }
 
+/** Longest Retry-After honoured: a provider asking for more gets this, then asks again. */
+export const MAX_RETRY_AFTER_MS = 24 * 3_600_000;
+
+/** A usable delay in ms, or undefined for anything else (NaN, negative, infinite). */
+function validDelay(ms: unknown): number | undefined {
+  if (typeof ms !== "number" || !Number.isFinite(ms) || ms < 0) return undefined;
+  return Math.min(ms, MAX_RETRY_AFTER_MS);
+}
+
+/** `retryAfterMs`, or `retryAfter` as seconds or an HTTP date (RFC 9110 Retry-After). */
 function retryAfterFrom(e: Record<string, unknown>): number | undefined {
-  const ms = e["retryAfterMs"];
-  if (typeof ms === "number" && Number.isFinite(ms) && ms >= 0) return ms;
-  const seconds = e["retryAfter"];
-  if (typeof seconds === "number" && Number.isFinite(seconds) && seconds >= 0) return seconds * 1000;
-  if (typeof seconds === "string" && /^\d+$/.test(seconds.trim())) return Number(seconds) * 1000;
-  return undefined;
+  const ms = validDelay(e["retryAfterMs"]);
+  if (ms !== undefined) return ms;
+  const value = e["retryAfter"];
+  if (typeof value === "number") return validDelay(value * 1000);
+  if (typeof value !== "string") return undefined;
+  if (/^\d+$/.test(value.trim())) return validDelay(Number(value) * 1000);
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? undefined : validDelay(Math.max(0, at - Date.now()));
 }
 
 /** A one-line description of anything thrown: `Name: message`, never `[object Object]`. */

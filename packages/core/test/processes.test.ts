@@ -30,15 +30,16 @@ function startWorker(mode: string, input: string, applicationName: string, marke
   });
   children.push(child);
   let output = "";
+  let errors = "";
   const printed = new Promise<string>((resolve, reject) => {
     child.stdout?.on("data", (chunk) => {
       output += chunk;
       if (output.includes(marker)) resolve(output);
     });
     child.stderr?.on("data", (chunk) => {
-      output += chunk;
+      errors += chunk;
     });
-    child.on("exit", (code) => reject(new Error(`worker exited (${code}) before "${marker}": ${output}`)));
+    child.on("exit", (code) => reject(new Error(`worker exited (${code}) before "${marker}": ${output}${errors}`)));
   });
   return { child, printed };
 }

@@ -47,7 +47,8 @@ export interface MemoryQueue extends QueuePort {
   /** Calls `listener` after every delivery. Returns an unsubscribe function. */
   onDelivery(listener: (event: DeliveryEvent) => void): () => void;
   /**
-   * Resolves when no message is left anywhere (all acknowledged). With a
+   * Resolves when every subscribed consumer's messages are acknowledged
+   * (messages on queues nobody subscribed to are held, not waited for). With a
    * manual clock it moves the clock forward to each next due message, so a
    * whole retry schedule runs in no real time.
    */
@@ -237,7 +238,12 @@ class InMemoryQueue implements MemoryQueue {
         at: now,
         result,
       };
-      for (const listener of this.#listeners) listener(event);
+      for (const listener of this.#listeners) {
+        // An observer's bug must not break deliveries or starve later observers.
+        try {
+          listener(event);
+        } catch {}
+      }
     })();
     this.#inFlight.add(run);
     void run.finally(() => {
@@ -255,7 +261,12 @@ class InMemoryQueue implements MemoryQueue {
     }
     const now = this.#clock.now();
     if (result.outcome === "retry" || result.outcome === "rate_limited") {
-      message.visibleAt = now + result.retryAfterMs;
+      // A delay the transport cannot honour falls back to the visibility timeout.
+      const delay =
+        Number.isFinite(result.retryAfterMs) && result.retryAfterMs >= 0
+          ? result.retryAfterMs
+          : this.#visibilityTimeoutMs;
+      message.visibleAt = now + delay;
       // A rate-limit deferral is not an attempt: the next delivery keeps this count.
       if (!result.spendsAttempt) message.deliveries -= 1;
     } else {

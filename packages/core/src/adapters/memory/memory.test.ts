@@ -160,6 +160,21 @@ describe("memory queue", () => {
     await queue.close();
   });
 
+  test("an observer that throws neither breaks the delivery nor starves later observers", async () => {
+    const queue = createMemoryQueue({ clock: createManualClock() });
+    const seen: string[] = [];
+    queue.onDelivery(() => {
+      throw new Error("observer bug");
+    });
+    queue.onDelivery((e) => seen.push(e.result.outcome));
+    queue.subscribe(scripted("q", () => ack).consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(seen).toEqual(["success"]);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
   test("close waits for deliveries in flight and refuses new publishes", async () => {
     const queue = createMemoryQueue();
     let finished = false;
