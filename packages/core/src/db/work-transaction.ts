@@ -5,12 +5,13 @@
  * Two ways to do that, same semantics:
  * - any Drizzle Postgres driver: `db.transaction()` and the fence through the
  *   query builder;
- * - postgres.js (production): the harness opens the transaction with
- *   postgres.js' own `begin()`, sends the ordering lock and the fence insert
- *   together (pipelined) as server-prepared statements, and gives the handler
- *   a Drizzle transaction on that connection whose queries are prepared too,
- *   as postgres.js does by default (Drizzle prepares only named queries). See
- *   docs/adr/0002-work-transaction-on-postgres-js.md for why and what it relies on.
+ * - postgres.js (production): the harness opens the transaction itself on a
+ *   reserved connection, so that BEGIN, the ordering lock and the fence insert
+ *   go out in one pipelined round trip, as server-prepared statements; the
+ *   handler gets a Drizzle transaction on that connection whose queries are
+ *   prepared too, as postgres.js does by default (Drizzle prepares only named
+ *   queries). See docs/adr/0002-work-transaction-on-postgres-js.md for why and
+ *   what it relies on.
  */
 import { is, sql } from "drizzle-orm";
 import type { PgDialect } from "drizzle-orm/pg-core";
@@ -32,7 +33,7 @@ export type RunInWorkTransaction = (
 ) => Promise<boolean>;
 
 export function workTransactionFor(db: AnyPgDatabase): RunInWorkTransaction {
-  return preparedPostgresJs(db) ?? viaDrizzleTransaction(db);
+  return pipelinedPostgresJs(db) ?? viaDrizzleTransaction(db);
 }
 
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
@@ -64,11 +65,13 @@ function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
 
 /** The parts of a postgres.js client this uses. */
 interface PgClient {
-  begin<T>(fn: (sql: TransactionClient) => Promise<T>): Promise<T>;
+  reserve(): Promise<ReservedClient>;
   options?: { prepare?: boolean };
 }
-interface TransactionClient {
-  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<unknown[]>;
+type Rows = unknown[] & { command?: string };
+interface ReservedClient {
+  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows>;
+  release(): void;
 }
 
 /** Drizzle's internals this path needs: present on every PgDatabase at run time, not in its public types. */
@@ -78,11 +81,20 @@ interface DrizzleInternals {
   readonly $client?: unknown;
 }
 
-function preparedPostgresJs(db: AnyPgDatabase): RunInWorkTransaction | undefined {
+/** postgres.js errors that mean the connection is gone: nothing more can be sent on it. */
+const CONNECTION_GONE = new Set([
+  "CONNECTION_CLOSED",
+  "CONNECTION_DESTROYED",
+  "CONNECTION_ENDED",
+  "ECONNRESET",
+  "EPIPE",
+]);
+
+function pipelinedPostgresJs(db: AnyPgDatabase): RunInWorkTransaction | undefined {
   const internals = db as unknown as DrizzleInternals;
   if (!is(internals.session, PostgresJsSession)) return undefined;
   const client = internals.$client as PgClient | undefined;
-  if (typeof client?.begin !== "function") return undefined;
+  if (typeof client?.reserve !== "function") return undefined;
   // A client made with `prepare: false` (e.g. behind a transaction-mode
   // pooler) must not get named statements from us either.
   const prepare = client.options?.prepare !== false;
@@ -95,20 +107,44 @@ function preparedPostgresJs(db: AnyPgDatabase): RunInWorkTransaction | undefined
     ...args: AnyArgs
   ) => PostgresJsSession<never, never, never>;
 
-  // postgres.js' begin() is what keeps this safe: it rejects when the
-  // connection closes mid-transaction, and it refuses to COMMIT a transaction
-  // in which any statement failed, even one whose error the handler caught.
-  return (target, work) =>
-    client.begin(async (sql) => {
-      // The lock and the fence go out together, pipelined on the connection.
-      const lock = target.lockKey === undefined ? undefined : sql.unsafe(LOCK_SQL, [target.lockKey], { prepare });
-      const fence = sql.unsafe(FENCE_SQL, [target.jobId, target.consumer], { prepare });
-      await lock;
-      if ((await fence).length === 0) return false;
-      const txSession = new Session(sql, dialect, schema, sessionOptions);
-      await work(new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction);
-      return true;
-    });
+  return async (target, work) => {
+    const conn = await client.reserve();
+    let open = false;
+    try {
+      // Sent together without waiting: postgres.js pipelines them on the connection.
+      const begin = conn.unsafe("begin");
+      const lock = target.lockKey === undefined ? undefined : conn.unsafe(LOCK_SQL, [target.lockKey], { prepare });
+      const fence = conn.unsafe(FENCE_SQL, [target.jobId, target.consumer], { prepare });
+      // Settle all three before deciding, so no rejection is left unhandled.
+      const [began, locked, fenced] = await Promise.allSettled([begin, lock, fence]);
+      if (began.status === "fulfilled") open = true;
+      for (const settled of [began, locked, fenced]) if (settled.status === "rejected") throw settled.reason;
+      const inserted = fenced.status === "fulfilled" && fenced.value.length > 0;
+      if (inserted) {
+        const txSession = new Session(sessionClient(conn), dialect, schema, sessionOptions);
+        await work(new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction);
+      }
+      const committed = await conn.unsafe("commit");
+      open = false;
+      // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
+      // error: a statement failed and the handler caught its error. Nothing
+      // was written, so the job must not be acknowledged as done.
+      if (committed.command !== "COMMIT") {
+        throw new Error(
+          "the work transaction was rolled back: a statement failed inside it and the handler caught its error",
+        );
+      }
+      return inserted;
+    } catch (error) {
+      const code = (error as { code?: unknown })?.code;
+      if (open && !(typeof code === "string" && CONNECTION_GONE.has(code))) {
+        await conn.unsafe("rollback").catch(() => {});
+      }
+      throw error;
+    } finally {
+      conn.release();
+    }
+  };
 }
 
 // biome-ignore lint/suspicious/noExplicitAny: Drizzle's session constructor and prepareQuery are generic over types this file does not know.
@@ -124,4 +160,38 @@ class PreparedPostgresJsSession extends SessionBase {
   override prepareQuery(query: unknown, fields: unknown, name: string | undefined, ...rest: AnyArgs) {
     return super.prepareQuery(query, fields, name ?? "", ...rest);
   }
+}
+
+/**
+ * What the handler's Drizzle session talks to: the reserved connection, plus
+ * the `savepoint()` a nested `tx.transaction()` needs (a reserved postgres.js
+ * connection has none).
+ */
+interface SessionClient {
+  unsafe: ReservedClient["unsafe"];
+  savepoint<T>(fn: (inner: SessionClient) => Promise<T>): Promise<T>;
+}
+
+function sessionClient(conn: ReservedClient): SessionClient {
+  let depth = 0;
+  const client: SessionClient = {
+    // Passed through untouched: Drizzle calls .values() on the query before it runs.
+    unsafe: conn.unsafe,
+    async savepoint(fn) {
+      depth += 1;
+      const name = `softcrum_sp_${depth}`;
+      await conn.unsafe(`savepoint ${name}`);
+      try {
+        const result = await fn(client);
+        await conn.unsafe(`release savepoint ${name}`);
+        return result;
+      } catch (error) {
+        await conn.unsafe(`rollback to savepoint ${name}`);
+        throw error;
+      } finally {
+        depth -= 1;
+      }
+    },
+  };
+  return client;
 }

@@ -127,12 +127,12 @@ export class ReplayBatches {
       );
     }
     const filter = { ...parsed.filter, status: undefined };
+    const id = uuidv7();
     return this.#ops.audited(
       parsed.operator,
       "batch.create",
-      { filter: parsed.filter, reason: parsed.reason },
+      { batchId: id, filter: parsed.filter, reason: parsed.reason },
       async () => {
-        const id = uuidv7();
         await this.#db.transaction(async (tx) => {
           const letters = await tx
             .select({ id: deadLetters.id })
