@@ -383,10 +383,10 @@ export class ReplayBatches {
         }
 
         const window = await this.#stats(id, batch.rateWindowStart);
-        await this.#db
-          .update(replayBatches)
-          .set({ failedAgain: (await this.#stats(id, null)).failedAgain })
-          .where(eq(replayBatches.id, id));
+        const overall = await this.#stats(id, null);
+        if (overall.failedAgain > batch.failedAgain)
+          this.#ops.metrics.failedAgain(overall.failedAgain - batch.failedAgain);
+        await this.#db.update(replayBatches).set({ failedAgain: overall.failedAgain }).where(eq(replayBatches.id, id));
         const resolved = window.succeeded + window.failedAgain;
         if (
           !inSample &&

@@ -26,9 +26,12 @@ import {
 
 /** Where replay and failed-again counts go (OpenTelemetry in production). */
 export interface OpsMetricsPort {
+  /** One letter republished. */
   replayed(attributes: { readonly queue: string; readonly consumer: string }): void;
+  /** Jobs replayed by a batch that failed again, as the batch runner finds them. */
+  failedAgain(count: number): void;
 }
-export const noopOpsMetrics: OpsMetricsPort = { replayed() {} };
+export const noopOpsMetrics: OpsMetricsPort = { replayed() {}, failedAgain() {} };
 
 export interface OpsDeps {
   readonly db: AnyPgDatabase;

@@ -31,6 +31,7 @@ let queue: MemoryQueue;
 let ops: Ops;
 /** Every publish the operations make, with its options. */
 let published: { queue: string; envelope: Envelope; opts: PublishOptions | undefined }[];
+let metrics: { replayed: number; failedAgain: number };
 
 beforeAll(async () => {
   await createEffectsTable(pg.sql);
@@ -48,9 +49,18 @@ beforeEach(async () => {
     },
     schedule: (q, envelope, runAt) => queue.schedule(q, envelope, runAt),
   };
+  metrics = { replayed: 0, failedAgain: 0 };
   ops = createOps({
     db: pg.db,
     queue: recording,
+    metrics: {
+      replayed: () => {
+        metrics.replayed += 1;
+      },
+      failedAgain: (n) => {
+        metrics.failedAgain += n;
+      },
+    },
     batchPolicy: { approvalThreshold: 5, pollIntervalMs: 20, sampleTimeoutMs: 5_000 },
   });
 });
@@ -452,6 +462,8 @@ describe("replay batches", () => {
     expect(after.status).toBe("paused");
     expect(after.stopReason).toMatch(/failure rate \d+% .* is over 50%/);
     expect(after.replayed).toBeLessThan(30);
+    expect(metrics.replayed).toBe(after.replayed);
+    expect(metrics.failedAgain).toBeGreaterThanOrEqual(5);
   });
 
   test("pause, resume and stop: a stopped batch never runs again", async () => {
