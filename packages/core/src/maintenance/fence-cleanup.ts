@@ -1,0 +1,164 @@
+/**
+ * TTL cleanup of `core.processed_jobs`. A fence row must outlive every late
+ * redelivery of its job, or the late copy would find no fence and run the
+ * work twice: so the TTL is checked against the longest retry window of every
+ * consumer (with a safety margin) before anything is deleted. Rows of jobs
+ * that still have a pending dead letter are kept whatever their age, because
+ * replaying that letter must stay a no-op for the consumers that succeeded.
+ * Deletion goes in bounded batches, each its own short transaction that skips
+ * rows another transaction holds, so live consumers inserting fences are never
+ * blocked for long.
+ */
+import { sql } from "drizzle-orm";
+import type { AnyPgDatabase, Consumer } from "../consumer.ts";
+import { InvalidConfigError } from "../errors.ts";
+import { rowsOf } from "../ops/operations.ts";
+import { maxRetryWindowMs } from "../retry.ts";
+
+export interface FenceCleanupOptions {
+  readonly db: AnyPgDatabase;
+  /** Fence rows older than this are deleted. Must exceed every consumer's retry window times `safetyMargin`. */
+  readonly ttlMs: number;
+  /** Every consumer whose fences live in this database: the TTL is checked against each. */
+  readonly consumers: readonly Pick<Consumer, "name" | "retryPolicy">[];
+  /** How many times the longest retry window the TTL must cover. @default 2 */
+  readonly safetyMargin?: number;
+  /** Rows deleted per transaction. @default 5000 */
+  readonly batchSize?: number;
+}
+
+export interface CleanupReport {
+  /** Rows deleted (or, in a dry run, that would be). */
+  readonly deleted: number;
+  /** Expired rows kept because their job has a pending dead letter. */
+  readonly keptForPendingDeadLetters: number;
+  readonly batches: number;
+  readonly durationMs: number;
+  readonly dryRun: boolean;
+}
+
+export interface FenceCleanup {
+  readonly ttlMs: number;
+  /** Deletes expired rows until none is left (or `maxBatches`), or only counts them with `dryRun`. */
+  run(options?: { dryRun?: boolean; maxBatches?: number; signal?: AbortSignal }): Promise<CleanupReport>;
+}
+
+/**
+ * Validates the TTL against the consumers (throwing `InvalidConfigError`
+ * naming the one it could not cover) and returns the cleanup.
+ */
+export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
+  const margin = options.safetyMargin ?? 2;
+  const batchSize = options.batchSize ?? 5000;
+  const { ttlMs, db } = options;
+  if (!Number.isFinite(ttlMs) || ttlMs <= 0)
+    throw new InvalidConfigError(`fence cleanup: ttlMs must be a positive number, got ${ttlMs}`);
+  if (!(margin >= 1)) throw new InvalidConfigError(`fence cleanup: safetyMargin must be at least 1, got ${margin}`);
+  if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 100_000) {
+    throw new InvalidConfigError(`fence cleanup: batchSize must be an integer from 1 to 100000, got ${batchSize}`);
+  }
+  if (options.consumers.length === 0) {
+    throw new InvalidConfigError(
+      "fence cleanup: name the consumers whose fences it cleans, so their retry windows can be checked",
+    );
+  }
+  for (const consumer of options.consumers) {
+    const window = maxRetryWindowMs(consumer.retryPolicy);
+    if (ttlMs < window * margin) {
+      throw new InvalidConfigError(
+        `fence cleanup: TTL ${ttlMs} ms is too short for consumer "${consumer.name}": its retries can span ${window} ms, ` +
+          `so the TTL must be at least ${margin} × ${window} = ${window * margin} ms (a late retry after the fence expired would apply the work twice)`,
+      );
+    }
+  }
+  const seconds = ttlMs / 1000;
+  // Database time decides what is expired: processed_at is written with now().
+  const expired = sql`p.processed_at < now() - make_interval(secs => ${seconds})`;
+  const pending = sql`exists (select 1 from core.dead_letters d where d.job_id = p.job_id::text and d.status = 'pending_review')`;
+
+  return {
+    ttlMs,
+    async run(runOptions = {}) {
+      const started = performance.now();
+      const [kept] = rowsOf<{ n: number }>(
+        await db.execute(sql`select count(*)::int as n from core.processed_jobs p where ${expired} and ${pending}`),
+      );
+      if (runOptions.dryRun) {
+        const [would] = rowsOf<{ n: number }>(
+          await db.execute(
+            sql`select count(*)::int as n from core.processed_jobs p where ${expired} and not ${pending}`,
+          ),
+        );
+        return report(would?.n ?? 0, kept?.n ?? 0, 0, started, true);
+      }
+      let deleted = 0;
+      let batches = 0;
+      for (;;) {
+        if (runOptions.signal?.aborted) break;
+        if (runOptions.maxBatches !== undefined && batches >= runOptions.maxBatches) break;
+        // Oldest first through the processed_at index; SKIP LOCKED never waits on a live transaction.
+        const result = await db.execute(sql`
+          delete from core.processed_jobs t
+          using (
+            select p.job_id, p.consumer from core.processed_jobs p
+            where ${expired} and not ${pending}
+            order by p.processed_at
+            limit ${batchSize}
+            for update skip locked
+          ) victim
+          where t.job_id = victim.job_id and t.consumer = victim.consumer
+          returning 1`);
+        const n = rowsOf(result).length;
+        batches += 1;
+        deleted += n;
+        if (n < batchSize) break;
+      }
+      return report(deleted, kept?.n ?? 0, batches, started, false);
+    },
+  };
+}
+
+function report(deleted: number, kept: number, batches: number, started: number, dryRun: boolean): CleanupReport {
+  return {
+    deleted,
+    keptForPendingDeadLetters: kept,
+    batches,
+    durationMs: Math.round(performance.now() - started),
+    dryRun,
+  };
+}
+
+/**
+ * Runs the cleanup every `intervalMs` until stopped; a failed run is reported
+ * and the next one tries again. Runs never overlap.
+ */
+export function scheduleFenceCleanup(
+  cleanup: FenceCleanup,
+  options: { intervalMs: number; onRun?: (report: CleanupReport) => void; onError?: (error: unknown) => void },
+): { stop(): Promise<void> } {
+  if (!Number.isFinite(options.intervalMs) || options.intervalMs <= 0) {
+    throw new InvalidConfigError(`fence cleanup schedule: intervalMs must be positive, got ${options.intervalMs}`);
+  }
+  const controller = new AbortController();
+  let running: Promise<void> | undefined;
+  const timer = setInterval(() => {
+    if (running) return; // the previous run is still going
+    running = cleanup
+      .run({ signal: controller.signal })
+      .then(
+        (r) => options.onRun?.(r),
+        (e: unknown) => options.onError?.(e),
+      )
+      .finally(() => {
+        running = undefined;
+      });
+  }, options.intervalMs);
+  timer.unref();
+  return {
+    async stop() {
+      clearInterval(timer);
+      controller.abort();
+      await running;
+    },
+  };
+}
