@@ -3,7 +3,10 @@
  * Needs DATABASE_URL; mutating commands need an operator (--operator or
  * SOFTCRUM_OPERATOR). Human tables by default, --json for scripts.
  * SOFTCRUM_OPS_APPROVAL_THRESHOLD: batches selecting more letters than this
- * need a second operator's approval (default 100).
+ * need a second operator's approval (default 100; it can only be lowered).
+ * The operator name is declared, not proven: the CLI's authority is the
+ * database credential in DATABASE_URL. Where identity must be proven, use
+ * the HTTP handlers, which take the operator from a verified token.
  *
  * Exit codes: 0 done; 1 unexpected failure; 2 bad input (filter, missing
  * reason or operator); 3 not found; 4 refused (the state or a rule forbids it:
@@ -11,7 +14,14 @@
  * completing: paused, stopped or expired).
  */
 import { isSoftcrumError } from "@softcrum/core";
-import { type ActionReport, type BatchView, createOps, type DeadLetterFilter, type Ops } from "@softcrum/core/ops";
+import {
+  type ActionReport,
+  type BatchView,
+  createOps,
+  DEFAULT_BATCH_POLICY,
+  type DeadLetterFilter,
+  type Ops,
+} from "@softcrum/core/ops";
 import { createOpsBinding } from "@softcrum/example-loyalty/ops-binding";
 import { SingleBar } from "cli-progress";
 import { Command, CommanderError, Option } from "commander";
@@ -48,8 +58,12 @@ function batchPolicyFromEnv(): { approvalThreshold?: number } {
   const raw = process.env["SOFTCRUM_OPS_APPROVAL_THRESHOLD"];
   if (raw === undefined || raw === "") return {};
   const threshold = Number(raw);
-  if (!Number.isInteger(threshold) || threshold < 0) {
-    throw new ExitError(EXIT.usage, `SOFTCRUM_OPS_APPROVAL_THRESHOLD must be a whole number, got ${raw}`);
+  // It can only make approval stricter: whoever runs the CLI must not be able to skip the second operator.
+  if (!Number.isInteger(threshold) || threshold < 0 || threshold > DEFAULT_BATCH_POLICY.approvalThreshold) {
+    throw new ExitError(
+      EXIT.usage,
+      `SOFTCRUM_OPS_APPROVAL_THRESHOLD must be a whole number from 0 to ${DEFAULT_BATCH_POLICY.approvalThreshold}, got ${raw}`,
+    );
   }
   return { approvalThreshold: threshold };
 }

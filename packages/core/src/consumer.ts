@@ -177,6 +177,9 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
   async deliver(delivery: Delivery): Promise<DeliveryResult> {
     const consumer = this.#consumer;
+    if (delivery.targetConsumer !== undefined && delivery.targetConsumer !== consumer.name) {
+      return this.#finish("skipped", { outcome: "skipped", ack: true });
+    }
     const received = decodeBody(delivery.body);
 
     // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.

@@ -10,6 +10,14 @@ export interface PublishOptions {
    * redelivery harmless. @default none
    */
   readonly idempotencyKey?: string;
+  /**
+   * Deliver only to this consumer of the queue: a replay of one consumer's
+   * dead letter must not reach the queue's other consumers (one of them may
+   * have had its own letter for the job discarded on purpose). Adapters route
+   * it to that consumer, or carry it in `Delivery.targetConsumer` so any other
+   * consumer's harness acknowledges and skips it. @default every consumer
+   */
+  readonly targetConsumer?: string;
 }
 
 export interface PublishReceipt {
@@ -41,6 +49,8 @@ export interface Delivery {
   readonly deliveryCount: number;
   /** The transport's message id, for logs. */
   readonly messageId?: string | undefined;
+  /** Set when the message was published for one consumer only (`PublishOptions.targetConsumer`). */
+  readonly targetConsumer?: string | undefined;
 }
 
 /**
@@ -52,6 +62,7 @@ export interface Delivery {
  * Outcomes:
  * - `success`: the handler's work and the fence committed together;
  * - `duplicate`: the fence was already there, nothing ran;
+ * - `skipped`: the message was addressed to another consumer of the queue;
  * - `retry`: a transient failure, the attempt was spent;
  * - `rate_limited`: a rate limit said wait; the attempt was not spent;
  * - `dead_lettered`: exhausted, permanent or expired, a dead letter was written;
@@ -60,7 +71,7 @@ export interface Delivery {
  *   must come back, so that nothing is lost.
  */
 export type DeliveryResult =
-  | { readonly outcome: "success" | "duplicate"; readonly ack: true }
+  | { readonly outcome: "success" | "duplicate" | "skipped"; readonly ack: true }
   | {
       readonly outcome: "dead_lettered" | "poison";
       readonly ack: true;

@@ -46,6 +46,8 @@ export function jwtAuthorizer(options: JwtAuthorizerOptions): Authorizer {
     throw new OpsError("INVALID_INPUT", "jwtAuthorizer needs a secret or a jwksUrl");
   }
   const verifyOptions = {
+    // A token without an expiry would be valid forever.
+    requiredClaims: ["exp", "sub"],
     ...(options.issuer ? { issuer: options.issuer } : {}),
     ...(options.audience ? { audience: options.audience } : {}),
   };
@@ -65,16 +67,20 @@ export function jwtAuthorizer(options: JwtAuthorizerOptions): Authorizer {
       const why = error instanceof joseErrors.JWTExpired ? "the token has expired" : "the token is not valid";
       throw new OpsError("UNAUTHENTICATED", why);
     }
+    const subject = typeof payload.sub === "string" ? payload.sub.trim() : "";
     if (payload["tenant_id"] !== undefined) {
-      throw new OpsError("FORBIDDEN", "a tenant credential cannot operate queues; use an operator token");
+      throw refused(subject, "a tenant credential cannot operate queues; use an operator token");
     }
     const roles = rolesOf(payload);
-    if (typeof payload.sub !== "string" || payload.sub.trim() === "") {
-      throw new OpsError("UNAUTHENTICATED", "the token names no operator (sub)");
-    }
-    if (!roles.includes(operatorRole)) throw new OpsError("FORBIDDEN", `the ${operatorRole} role is required`);
-    return { operator: payload.sub, roles };
+    if (subject === "") throw new OpsError("UNAUTHENTICATED", "the token names no operator (sub)");
+    if (!roles.includes(operatorRole)) throw refused(subject, `the ${operatorRole} role is required`);
+    return { operator: subject, roles };
   };
+}
+
+/** A FORBIDDEN error that remembers who was refused, for the audit. */
+function refused(subject: string, message: string): OpsError {
+  return Object.assign(new OpsError("FORBIDDEN", message), { subject: subject || undefined });
 }
 
 function rolesOf(payload: JWTPayload): string[] {

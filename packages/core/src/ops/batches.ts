@@ -9,7 +9,7 @@
  * counts and why it stopped.
  */
 import { hostname } from "node:os";
-import { and, asc, desc, eq, inArray, isNull, lt, or, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gt, inArray, isNull, lt, or, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { z } from "zod";
 import {
@@ -21,7 +21,7 @@ import {
 } from "../db/schema.ts";
 import { OpsError } from "../errors.ts";
 import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
-import { type DeadLetterOperations, filterConditions, rowsOf } from "./operations.ts";
+import { type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
 
 export interface BatchPolicy {
   /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
@@ -30,7 +30,7 @@ export interface BatchPolicy {
   readonly leaseMs: number;
   /** How often the runner looks whether the sample's jobs resolved. @default 500 */
   readonly pollIntervalMs: number;
-  /** How long the sample may take to resolve before the batch pauses. @default 300_000 */
+  /** How long the sample may take to resolve before the batch pauses. @default 600_000 */
   readonly sampleTimeoutMs: number;
   /** Jobs that must have resolved before the failure rate can pause the batch. @default 5 */
   readonly minResolvedForRate: number;
@@ -40,7 +40,8 @@ export const DEFAULT_BATCH_POLICY: BatchPolicy = {
   approvalThreshold: 100,
   leaseMs: 60_000,
   pollIntervalMs: 500,
-  sampleTimeoutMs: 300_000,
+  // Longer than the default retry window (7.5 min): a sample job may retry before it resolves.
+  sampleTimeoutMs: 600_000,
   minResolvedForRate: 5,
 };
 
@@ -59,7 +60,7 @@ const createSchema = z.strictObject({
   /** At most this many letters (oldest first). */
   limit: z.coerce.number().int().positive().max(100_000).optional(),
   /** The batch does not run after this. */
-  expiresAt: z.coerce.date().optional(),
+  expiresAt: z.union([z.date(), z.iso.datetime({ offset: true }).transform((t) => new Date(t))]).optional(),
   expiresInMinutes: z.coerce
     .number()
     .positive()
@@ -113,68 +114,64 @@ export class ReplayBatches {
 
   /** Selects the pending letters that match, and records the batch (awaiting approval when large). */
   async create(input: CreateBatchInput): Promise<BatchView> {
-    const parsed = parseInput(createSchema, input, "batch");
-    if (parsed.expiresAt && parsed.expiresInMinutes) {
-      throw new OpsError("INVALID_INPUT", "invalid batch: give expiresAt or expiresInMinutes, not both");
-    }
-    const now = this.#now();
-    const expiresAt = parsed.expiresAt ?? new Date(now.getTime() + (parsed.expiresInMinutes ?? 24 * 60) * 60_000);
-    if (expiresAt <= now) throw new OpsError("INVALID_INPUT", "invalid batch: expiresAt is in the past");
-    if (parsed.filter.status && parsed.filter.status !== "pending_review") {
-      throw new OpsError(
-        "INVALID_INPUT",
-        "invalid batch: a batch replays pending_review letters only; drop filter.status",
-      );
-    }
-    const filter = { ...parsed.filter, status: undefined };
     const id = uuidv7();
-    return this.#ops.audited(
-      parsed.operator,
-      "batch.create",
-      { batchId: id, filter: parsed.filter, reason: parsed.reason },
-      async () => {
-        await this.#db.transaction(async (tx) => {
-          const letters = await tx
-            .select({ id: deadLetters.id })
-            .from(deadLetters)
-            .where(and(eq(deadLetters.status, "pending_review"), ...filterConditions(filter)))
-            .orderBy(asc(deadLetters.id))
-            .limit(parsed.limit ?? 100_000);
-          if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
-          await tx.insert(replayBatches).values({
-            id,
-            status: letters.length > this.#policy.approvalThreshold ? "awaiting_approval" : "ready",
-            filter: jsonFilter(parsed.filter),
-            requestedBy: parsed.operator,
-            reason: parsed.reason,
-            ratePerSecond: parsed.ratePerSecond,
-            batchSize: parsed.batchSize,
-            sampleSize: parsed.sampleSize ?? null,
-            maxFailureRate: parsed.maxFailureRate,
-            expiresAt,
-            selected: letters.length,
-            createdAt: now,
-          });
-          const sample = parsed.sampleSize ?? 0;
-          for (let i = 0; i < letters.length; i += 1000) {
-            await tx
-              .insert(replayBatchItems)
-              .values(
-                letters
-                  .slice(i, i + 1000)
-                  .map((l, j) => ({ batchId: id, deadLetterId: l.id, position: i + j, inSample: i + j < sample })),
-              );
-          }
+    const scope = { batchId: id, filter: input?.filter, reason: input?.reason };
+    return this.#ops.audited(operatorName(input?.operator), "batch.create", scope, async () => {
+      const parsed = parseInput(createSchema, input, "batch");
+      if (parsed.expiresAt && parsed.expiresInMinutes) {
+        throw new OpsError("INVALID_INPUT", "invalid batch: give expiresAt or expiresInMinutes, not both");
+      }
+      const now = this.#now();
+      const expiresAt = parsed.expiresAt ?? new Date(now.getTime() + (parsed.expiresInMinutes ?? 24 * 60) * 60_000);
+      if (expiresAt <= now) throw new OpsError("INVALID_INPUT", "invalid batch: expiresAt is in the past");
+      if (parsed.filter.status && parsed.filter.status !== "pending_review") {
+        throw new OpsError(
+          "INVALID_INPUT",
+          "invalid batch: a batch replays pending_review letters only; drop filter.status",
+        );
+      }
+      const filter = { ...parsed.filter, status: undefined };
+      await this.#db.transaction(async (tx) => {
+        const letters = await tx
+          .select({ id: deadLetters.id })
+          .from(deadLetters)
+          .where(and(eq(deadLetters.status, "pending_review"), ...filterConditions(filter)))
+          .orderBy(asc(deadLetters.id))
+          .limit(parsed.limit ?? 100_000);
+        if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
+        await tx.insert(replayBatches).values({
+          id,
+          status: letters.length > this.#policy.approvalThreshold ? "awaiting_approval" : "ready",
+          filter: jsonFilter(parsed.filter),
+          requestedBy: parsed.operator,
+          reason: parsed.reason,
+          ratePerSecond: parsed.ratePerSecond,
+          batchSize: parsed.batchSize,
+          sampleSize: parsed.sampleSize ?? null,
+          maxFailureRate: parsed.maxFailureRate,
+          expiresAt,
+          selected: letters.length,
+          createdAt: now,
         });
-        return this.get(id);
-      },
-    );
+        const sample = parsed.sampleSize ?? 0;
+        for (let i = 0; i < letters.length; i += 1000) {
+          await tx
+            .insert(replayBatchItems)
+            .values(
+              letters
+                .slice(i, i + 1000)
+                .map((l, j) => ({ batchId: id, deadLetterId: l.id, position: i + j, inSample: i + j < sample })),
+            );
+        }
+      });
+      return this.get(id);
+    });
   }
 
   /** A second operator approves a large batch; the requester cannot approve their own. */
   async approve(id: string, input: { operator: string }): Promise<BatchView> {
-    const operator = parseInput(operatorSchema, input?.operator, "operator");
-    return this.#ops.audited(operator, "batch.approve", { batchId: id }, async () => {
+    return this.#ops.audited(operatorName(input?.operator), "batch.approve", { batchId: id }, async () => {
+      const operator = parseInput(operatorSchema, input?.operator, "operator");
       const batch = await this.#load(id);
       if (batch.requestedBy === operator) {
         throw new OpsError(
@@ -188,37 +185,44 @@ export class ReplayBatches {
   }
 
   async pause(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
-    const operator = parseInput(operatorSchema, input?.operator, "operator");
-    const reason = parseInput(reasonSchema, input?.reason, "reason");
-    return this.#ops.audited(operator, "batch.pause", { batchId: id, reason }, async () => {
+    const scope = { batchId: id, reason: input?.reason };
+    return this.#ops.audited(operatorName(input?.operator), "batch.pause", scope, async () => {
+      const operator = parseInput(operatorSchema, input?.operator, "operator");
+      const reason = parseInput(reasonSchema, input?.reason, "reason");
       await this.#transition(id, ["ready", "running"], "paused", { stopReason: `paused by ${operator}: ${reason}` });
       return this.get(id);
     });
   }
 
   /**
-   * Makes a paused batch runnable again. Resuming after a failed sample is the
-   * operator's decision to go on anyway; the failure rate counts afresh from now.
+   * Makes a paused batch runnable again. Resuming a batch its sample paused is
+   * the operator's decision to go on anyway; the failure rate counts afresh from now.
    */
   async resume(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
-    const operator = parseInput(operatorSchema, input?.operator, "operator");
-    const reason = parseInput(reasonSchema, input?.reason, "reason");
-    return this.#ops.audited(operator, "batch.resume", { batchId: id, reason }, async () => {
+    const scope = { batchId: id, reason: input?.reason };
+    return this.#ops.audited(operatorName(input?.operator), "batch.resume", scope, async () => {
+      parseInput(operatorSchema, input?.operator, "operator");
+      parseInput(reasonSchema, input?.reason, "reason");
       const batch = await this.#load(id);
       const now = this.#now();
       await this.#transition(id, ["paused"], "ready", {
         stopReason: null,
         rateWindowStart: now,
-        ...(batch.sampleSize && !batch.samplePassedAt && batch.replayed > 0 ? { samplePassedAt: now } : {}),
+        // Only a sample that ran and failed is accepted by resuming; a pause
+        // for any other reason keeps the sample requirement.
+        ...(batch.sampleSize && !batch.samplePassedAt && batch.stopReason?.startsWith("sample:")
+          ? { samplePassedAt: now }
+          : {}),
       });
       return this.get(id);
     });
   }
 
   async stop(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
-    const operator = parseInput(operatorSchema, input?.operator, "operator");
-    const reason = parseInput(reasonSchema, input?.reason, "reason");
-    return this.#ops.audited(operator, "batch.stop", { batchId: id, reason }, async () => {
+    const scope = { batchId: id, reason: input?.reason };
+    return this.#ops.audited(operatorName(input?.operator), "batch.stop", scope, async () => {
+      const operator = parseInput(operatorSchema, input?.operator, "operator");
+      const reason = parseInput(reasonSchema, input?.reason, "reason");
       await this.#transition(id, ["awaiting_approval", "ready", "running", "paused"], "stopped", {
         stopReason: `stopped by ${operator}: ${reason}`,
         endedAt: this.#now(),
@@ -255,19 +259,24 @@ export class ReplayBatches {
 
   /**
    * Runs the batch until it completes, pauses, is stopped or expires (or
-   * `maxDurationMs` passes). One runner at a time: a lease on the row.
+   * `maxDurationMs` passes). One runner at a time: a lease on the row, renewed
+   * before every replay together with the check that the batch is still
+   * running and unexpired, so a pause, stop or expiry takes effect at the next
+   * letter and a runner that lost its lease stops.
    */
   async run(id: string, options: RunOptions): Promise<BatchView> {
     const operator = parseInput(operatorSchema, options?.operator, "operator");
     const runner = `${operator}@${hostname()}:${process.pid}:${uuidv7().slice(-8)}`;
-    const startedAt = this.#ops.clock.now();
+    const clock = this.#ops.clock;
+    const startedAt = clock.now();
     let published = 0;
 
     const first = await this.#load(id);
     if (first.status === "awaiting_approval")
       throw new OpsError("CONFLICT", `batch ${id} awaits approval by a second operator`);
-    if (first.status === "paused")
+    if (first.status === "paused") {
       throw new OpsError("CONFLICT", `batch ${id} is paused (${first.stopReason ?? "no reason"}); resume it first`);
+    }
     if (TERMINAL.includes(first.status)) return this.get(id);
     if (first.expiresAt.getTime() <= startedAt) return this.#finish(id, "expired", "expired before it finished");
 
@@ -298,11 +307,38 @@ export class ReplayBatches {
     if (leased.length === 0)
       throw new OpsError("CONFLICT", `batch ${id} is being run by another runner (or changed state)`);
 
+    /** Renews the lease if this runner still holds a running, unexpired batch; false means stop. */
+    const stillMine = async () => {
+      const renewed = await this.#db
+        .update(replayBatches)
+        .set({ leaseExpiresAt: new Date(clock.now() + this.#policy.leaseMs) })
+        .where(
+          and(
+            eq(replayBatches.id, id),
+            eq(replayBatches.leaseOwner, runner),
+            eq(replayBatches.status, "running"),
+            gt(replayBatches.expiresAt, this.#now()),
+          ),
+        )
+        .returning({ id: replayBatches.id });
+      return renewed.length > 0;
+    };
+    const pauseIfRunning = (stopReason: string) =>
+      this.#db
+        .update(replayBatches)
+        .set({ status: "paused", stopReason })
+        .where(
+          and(eq(replayBatches.id, id), eq(replayBatches.status, "running"), eq(replayBatches.leaseOwner, runner)),
+        );
+
     const intervalMs = 1000 / first.ratePerSecond;
+    // The next replay's earliest time; waiting (for a sample) earns no credit,
+    // so the batch never bursts above its rate.
+    let nextDue = startedAt + intervalMs;
     const progress = async () => {
       if (!options.onProgress) return;
       const batch = await this.get(id);
-      const elapsed = Math.max(1, this.#ops.clock.now() - startedAt) / 1000;
+      const elapsed = Math.max(1, clock.now() - startedAt) / 1000;
       options.onProgress({ batch, rate: published / elapsed, etaSeconds: batch.pending / first.ratePerSecond });
     };
 
@@ -310,20 +346,13 @@ export class ReplayBatches {
       for (;;) {
         const batch = await this.#load(id);
         if (batch.status !== "running" || batch.leaseOwner !== runner) return this.get(id);
+        if (batch.expiresAt.getTime() <= clock.now()) return this.#finish(id, "expired", "expired before it finished");
         if (options.signal?.aborted) {
-          await this.#transition(id, ["running"], "paused", {
-            stopReason: `interrupted: runner of ${operator} was stopped`,
-          });
+          await pauseIfRunning(`interrupted: runner of ${operator} was stopped`);
           return this.get(id);
         }
-        if (batch.expiresAt.getTime() <= this.#ops.clock.now())
-          return this.#finish(id, "expired", "expired before it finished");
-        if (options.maxDurationMs !== undefined && this.#ops.clock.now() - startedAt >= options.maxDurationMs)
+        if (options.maxDurationMs !== undefined && clock.now() - startedAt >= options.maxDurationMs)
           return this.get(id);
-        await this.#db
-          .update(replayBatches)
-          .set({ leaseExpiresAt: new Date(this.#ops.clock.now() + this.#policy.leaseMs) })
-          .where(and(eq(replayBatches.id, id), eq(replayBatches.leaseOwner, runner)));
 
         const inSample = Boolean(batch.sampleSize) && !batch.samplePassedAt;
         const items = await this.#db
@@ -340,9 +369,10 @@ export class ReplayBatches {
           .limit(batch.batchSize);
 
         if (inSample && items.length === 0) {
-          const verdict = await this.#awaitSample(id, options.signal);
+          const verdict = await this.#awaitSample(id, stillMine, options.signal);
+          if (verdict === "lost") continue; // paused, stopped, expired or taken over: the top of the loop says which
           if (verdict !== "passed") {
-            await this.#transition(id, ["running"], "paused", { stopReason: verdict });
+            await pauseIfRunning(verdict);
             return this.get(id);
           }
           await this.#db.update(replayBatches).set({ samplePassedAt: this.#now() }).where(eq(replayBatches.id, id));
@@ -351,42 +381,51 @@ export class ReplayBatches {
         if (items.length === 0) return this.#finish(id, "completed", null);
 
         for (const item of items) {
-          // Paced from the run's start, one interval before each replay: the
-          // batch never exceeds its rate, whatever the publish latency.
-          const due = startedAt + (published + 1) * intervalMs;
-          const wait = due - this.#ops.clock.now();
+          const wait = nextDue - clock.now();
           if (wait > 0) await sleep(wait, options.signal);
-          if (options.signal?.aborted) break;
+          if (options.signal?.aborted || !(await stillMine())) break;
+          nextDue = Math.max(nextDue, clock.now()) + intervalMs;
           const result = await this.#ops.replayOne(item.deadLetterId, {
             operator,
             reason: `batch ${id}: ${batch.reason}`,
             batchId: id,
           });
           if (result.outcome === "failed") {
-            await this.#transition(id, ["running"], "paused", { stopReason: `replay failed: ${result.detail}` });
+            await pauseIfRunning(`replay failed: ${result.detail}`);
             return this.get(id);
           }
           published += 1;
-          const state = result.outcome === "replayed" ? "replayed" : "skipped";
-          await this.#db
+          // A letter this batch already replayed (an earlier runner of it) counts as replayed.
+          const replayed =
+            result.outcome === "replayed" || (result.outcome === "not_pending" && result.replayBatchId === id);
+          const changed = await this.#db
             .update(replayBatchItems)
-            .set({ state, replayedAt: this.#now() })
-            .where(and(eq(replayBatchItems.batchId, id), eq(replayBatchItems.deadLetterId, item.deadLetterId)));
-          await this.#db
-            .update(replayBatches)
-            .set(
-              state === "replayed"
-                ? { replayed: sql`${replayBatches.replayed} + 1` }
-                : { skipped: sql`${replayBatches.skipped} + 1` },
+            .set({ state: replayed ? "replayed" : "skipped", replayedAt: this.#now() })
+            .where(
+              and(
+                eq(replayBatchItems.batchId, id),
+                eq(replayBatchItems.deadLetterId, item.deadLetterId),
+                eq(replayBatchItems.state, "pending"),
+              ),
             )
-            .where(eq(replayBatches.id, id));
+            .returning({ id: replayBatchItems.deadLetterId });
+          if (changed.length > 0) {
+            await this.#db
+              .update(replayBatches)
+              .set(
+                replayed
+                  ? { replayed: sql`${replayBatches.replayed} + 1` }
+                  : { skipped: sql`${replayBatches.skipped} + 1` },
+              )
+              .where(eq(replayBatches.id, id));
+          }
         }
 
-        const window = await this.#stats(id, batch.rateWindowStart);
         const overall = await this.#stats(id, null);
         if (overall.failedAgain > batch.failedAgain)
           this.#ops.metrics.failedAgain(overall.failedAgain - batch.failedAgain);
         await this.#db.update(replayBatches).set({ failedAgain: overall.failedAgain }).where(eq(replayBatches.id, id));
+        const window = await this.#stats(id, batch.rateWindowStart);
         const resolved = window.succeeded + window.failedAgain;
         if (
           !inSample &&
@@ -394,9 +433,9 @@ export class ReplayBatches {
           window.failedAgain / resolved > batch.maxFailureRate
         ) {
           const rate = Math.round((window.failedAgain / resolved) * 100);
-          await this.#transition(id, ["running"], "paused", {
-            stopReason: `failure rate ${rate}% (${window.failedAgain} of ${resolved} resolved replays failed again) is over ${Math.round(batch.maxFailureRate * 100)}%`,
-          });
+          await pauseIfRunning(
+            `failure rate ${rate}% (${window.failedAgain} of ${resolved} resolved replays failed again) is over ${Math.round(batch.maxFailureRate * 100)}%`,
+          );
           return this.get(id);
         }
         await progress();
@@ -410,14 +449,21 @@ export class ReplayBatches {
     }
   }
 
-  /** Waits until every sample job succeeded or one failed again; a timeout is a failure to decide. */
-  async #awaitSample(id: string, signal: AbortSignal | undefined): Promise<"passed" | string> {
-    const deadline = this.#ops.clock.now() + this.#policy.sampleTimeoutMs;
+  /**
+   * Waits until every sample job succeeded or one failed again (a timeout is a
+   * failure to decide), keeping the lease; "lost" when the batch stopped being
+   * this runner's to run.
+   */
+  async #awaitSample(id: string, stillMine: () => Promise<boolean>, signal: AbortSignal | undefined): Promise<string> {
+    const clock = this.#ops.clock;
+    const deadline = clock.now() + this.#policy.sampleTimeoutMs;
     for (;;) {
+      if (!(await stillMine())) return "lost";
       const stats = await this.#stats(id, null, true);
       if (stats.failedAgain > 0) return `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`;
       if (stats.unresolved === 0) return "passed";
-      if (this.#ops.clock.now() >= deadline || signal?.aborted) {
+      if (signal?.aborted) return "interrupted while waiting for the sample";
+      if (clock.now() >= deadline) {
         return `sample: ${stats.unresolved} of ${stats.replayed} sample jobs did not resolve within ${this.#policy.sampleTimeoutMs} ms`;
       }
       await sleep(this.#policy.pollIntervalMs, signal);
@@ -438,9 +484,15 @@ export class ReplayBatches {
       join core.dead_letters d on d.id = i.dead_letter_id
       cross join lateral (
         select exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer) as succeeded,
+               -- failed again: a later letter of the job whose latest earlier replay is this one
                exists (select 1 from core.dead_letters n
                        where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
-                         and n.created_at >= d.status_changed_at) as failed
+                         and n.created_at >= d.status_changed_at
+                         and not exists (select 1 from core.dead_letters o
+                                         where o.job_id = d.job_id and o.consumer = d.consumer and o.id <> d.id
+                                           and o.status = 'replayed'
+                                           and o.status_changed_at > d.status_changed_at
+                                           and o.status_changed_at <= n.created_at)) as failed
       ) f
       where i.batch_id = ${id} and i.state = 'replayed'
         ${since ? sql`and i.replayed_at >= ${since.toISOString()}::timestamptz` : sql``}

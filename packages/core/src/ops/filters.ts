@@ -4,7 +4,13 @@ import { formatIssues } from "../envelope.ts";
 import { OpsError } from "../errors.ts";
 
 const text = z.string().trim().min(1).max(200);
-const instant = z.coerce.date({ error: "must be a date/time (ISO 8601)" });
+/**
+ * A point in time: a Date, or an ISO 8601 date-time WITH its offset. Without
+ * one ("2026-11-29T08:00") the meaning would depend on the machine's time zone.
+ */
+const instant = z.union([z.date(), z.iso.datetime({ offset: true }).transform((text) => new Date(text))], {
+  error: "must be a date/time (ISO 8601 with an offset, e.g. 2026-11-29T08:00:00Z)",
+});
 
 /** Which dead letters an operation looks at. Every field narrows; none means all. */
 export const deadLetterFilterSchema = z

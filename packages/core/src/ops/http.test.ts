@@ -113,6 +113,15 @@ describe("authentication and roles", () => {
       403,
       /ops:operator role is required/,
     ],
+    [
+      "a token that never expires",
+      () =>
+        new SignJWT({ sub: "ana", roles: ["ops:operator"] })
+          .setProtectedHeader({ alg: "HS256" })
+          .sign(new TextEncoder().encode(SECRET)),
+      401,
+      /not valid/,
+    ],
   ])("%s is refused and changes nothing", async (_name, makeToken, status, message) => {
     const { id } = await deadLetter();
     const before = await snapshot();
@@ -129,8 +138,11 @@ describe("authentication and roles", () => {
     }
     expect(await snapshot()).toEqual(before);
     expect(await pg.sql`select 1 from core.replay_batches`).toHaveLength(0);
-    const audit = await pg.sql<{ result: string }[]>`select result from core.ops_audit`;
+    const audit = await pg.sql<{ operator: string; result: string }[]>`select operator, result from core.ops_audit`;
     expect(audit.map((a) => a.result)).toEqual(["refused", "refused", "refused"]); // the three mutating calls
+    // A credential that verified but was refused names its subject; the others cannot.
+    const who = status === 403 ? /^(t-user|ana) \(refused\)$/ : /^\(unauthenticated\)$/;
+    for (const row of audit) expect(row.operator).toMatch(who);
   });
 
   test("a payload edited after signing is refused", async () => {
@@ -256,6 +268,7 @@ describe("operations over HTTP", () => {
     ["GET", "/batches/0190b3c4-0000-7000-8000-000000000000", undefined, 404, /no replay batch/],
     ["GET", "/nothing-here", undefined, 404, /no route/],
     ["DELETE", "/dead-letters", undefined, 405, /DELETE/],
+    ["GET", "/dead-letters/%E0%A4%A", undefined, 400, /bad percent-encoding/],
   ])("%s %s with %s answers %i with a useful message", async (method, path, rawBody, status, message) => {
     const response = await call(method, path, {
       token: await operator(),

@@ -225,10 +225,9 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
         },
       );
     }
-    const params = (route.pattern.exec(path) ?? []).slice(1).map(decodeURIComponent);
-
     let principal: Principal | undefined;
     try {
+      const params = (route.pattern.exec(path) ?? []).slice(1).map(decodePathSegment);
       principal = await authorize(request);
       const result = await route.run({
         principal,
@@ -244,7 +243,7 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
         // Refused before anything ran: nothing changed, but the attempt is evidence.
         await ops.deadLetters
           .audit({
-            operator: "(unauthenticated)",
+            operator: refusedSubject(error) ?? "(unauthenticated)",
             action: route.action,
             scope: { path },
             result: "refused",
@@ -259,6 +258,20 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
       return json(status, { error: { code: (error as OpsError).code, message: (error as Error).message } });
     }
   };
+}
+
+/** Who a FORBIDDEN credential belonged to, when the authorizer could tell. */
+function refusedSubject(error: unknown): string | undefined {
+  const subject = (error as { subject?: unknown })?.subject;
+  return typeof subject === "string" && subject !== "" ? `${subject} (refused)` : undefined;
+}
+
+function decodePathSegment(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw new OpsError("INVALID_INPUT", `bad percent-encoding in the path: ${segment}`);
+  }
 }
 
 /** Query parameters as a filter and a page; unknown names are refused (a typo must not widen a selection). */

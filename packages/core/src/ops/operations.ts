@@ -41,6 +41,8 @@ export interface OpsDeps {
   readonly metrics?: OpsMetricsPort;
   /** @default the system clock */
   readonly clock?: Clock;
+  /** Most letters one direct `replay()` call may take; more need a batch. @default 100 */
+  readonly maxDirectReplay?: number;
 }
 
 export type DeadLetterSummary = Omit<DeadLetterRow, "payload">;
@@ -118,12 +120,14 @@ export class DeadLetterOperations {
   readonly queue: QueuePort;
   readonly metrics: OpsMetricsPort;
   readonly clock: Clock;
+  readonly maxDirectReplay: number;
 
   constructor(deps: OpsDeps) {
     this.db = deps.db;
     this.queue = deps.queue;
     this.metrics = deps.metrics ?? noopOpsMetrics;
     this.clock = deps.clock ?? systemClock;
+    this.maxDirectReplay = deps.maxDirectReplay ?? 100;
   }
 
   /** Letters matching `filter`, newest (or oldest) first, `limit` at a time. */
@@ -182,7 +186,11 @@ export class DeadLetterOperations {
         detail: opsAudit.detail,
       })
       .from(opsAudit)
-      .where(sql`${opsAudit.scope} -> 'ids' ? ${row.id}`)
+      .where(
+        row.replayBatchId
+          ? sql`${opsAudit.scope} -> 'ids' ? ${row.id} or ${opsAudit.scope} ->> 'batchId' = ${row.replayBatchId}`
+          : sql`${opsAudit.scope} -> 'ids' ? ${row.id}`,
+      )
       .orderBy(asc(opsAudit.at));
     const decoded = decodePayload(row);
     return { ...row, payloadText: decoded.text, envelope: decoded.envelope, related, history };
@@ -190,14 +198,12 @@ export class DeadLetterOperations {
 
   /** Marks pending letters `discarded` with who, when and why. A reason is required (the database enforces it too). */
   async discard(ids: readonly string[], input: { operator: string; reason: string }): Promise<ActionReport> {
-    const { operator, reason, idList } = this.#actionInput(ids, input);
-    return this.#audited(operator, "dead_letter.discard", { ids: idList, reason }, async () => {
+    return this.#auditedAction("dead_letter.discard", ids, input, async ({ operator, reason, idList }) => {
       const updated = await this.db
         .update(deadLetters)
         .set({
           status: "discarded",
           statusChangedAt: sql`now()`, // database time, like created_at
-
           statusChangedBy: operator,
           statusReason: reason,
         })
@@ -208,12 +214,24 @@ export class DeadLetterOperations {
     });
   }
 
-  /** Replays pending letters one by one; see `replayOne`. */
+  /**
+   * Replays pending letters one by one; see `replayOne`. More than
+   * `maxDirectReplay` at once is refused: that is a batch's job (rate limit,
+   * sample, approval).
+   */
   async replay(ids: readonly string[], input: { operator: string; reason: string }): Promise<ActionReport> {
-    const { operator, reason, idList } = this.#actionInput(ids, input);
-    return this.#audited(operator, "dead_letter.replay", { ids: idList, reason }, async () => {
+    return this.#auditedAction("dead_letter.replay", ids, input, async ({ operator, reason, idList }) => {
+      if (idList.length > this.maxDirectReplay) {
+        throw new OpsError(
+          "INVALID_INPUT",
+          `replaying ${idList.length} letters at once is more than ${this.maxDirectReplay}: create a replay batch (rate limit, sample, approval) instead`,
+        );
+      }
       const results: ActionReport["results"][number][] = [];
-      for (const id of idList) results.push({ id, ...(await this.replayOne(id, { operator, reason, batchId: null })) });
+      for (const id of idList) {
+        const { outcome, detail } = await this.replayOne(id, { operator, reason, batchId: null });
+        results.push({ id, outcome, ...(detail ? { detail } : {}) });
+      }
       return summarize(results);
     });
   }
@@ -228,23 +246,28 @@ export class DeadLetterOperations {
   async replayOne(
     id: string,
     input: { operator: string; reason: string; batchId: string | null },
-  ): Promise<{ outcome: ActionOutcome; detail?: string }> {
+  ): Promise<{ outcome: ActionOutcome; detail?: string; replayBatchId?: string | null }> {
     const [row] = await this.db
       .select({
         status: deadLetters.status,
         payload: deadLetters.payload,
         payloadEncoding: deadLetters.payloadEncoding,
+        replayBatchId: deadLetters.replayBatchId,
       })
       .from(deadLetters)
       .where(eq(deadLetters.id, id));
     if (!row) return { outcome: "not_found" };
-    if (row.status !== "pending_review") return { outcome: "not_pending", detail: `status is ${row.status}` };
+    if (row.status !== "pending_review") {
+      return { outcome: "not_pending", detail: `status is ${row.status}`, replayBatchId: row.replayBatchId };
+    }
     const { envelope, problem } = decodePayload(row);
-    if (!envelope)
+    if (!envelope) {
       return {
         outcome: "not_replayable",
         detail: `${problem}; it can never succeed — discard it and fix the producer`,
       };
+    }
+    let published = false;
     try {
       return await this.db.transaction(async (tx) => {
         const [claimed] = await tx
@@ -261,12 +284,19 @@ export class DeadLetterOperations {
           .returning({ queue: deadLetters.queue, consumer: deadLetters.consumer });
         if (!claimed)
           return { outcome: "not_pending" as const, detail: "replayed or discarded by someone else meanwhile" };
-        await this.queue.publish(claimed.queue, envelope);
+        // Only to the letter's consumer: the queue's other consumers either
+        // have their fence already or had their own letter for this job
+        // handled separately (perhaps discarded on purpose).
+        await this.queue.publish(claimed.queue, envelope, { targetConsumer: claimed.consumer });
+        published = true;
         this.metrics.replayed(claimed);
         return { outcome: "replayed" as const };
       });
     } catch (error) {
-      return { outcome: "failed", detail: `publish failed, the letter stays pending: ${describeError(error)}` };
+      const detail = published
+        ? `published, but recording the replay failed, so the letter stays pending (replaying it again is harmless): ${describeError(error)}`
+        : `publish failed, the letter stays pending: ${describeError(error)}`;
+      return { outcome: "failed", detail };
     }
   }
 
@@ -279,12 +309,18 @@ export class DeadLetterOperations {
     options: { batchId?: string } = {},
   ): Promise<(DeadLetterSummary & { replayedFrom: string; batchId: string | null })[]> {
     const batchId = options.batchId === undefined ? undefined : parseInput(z.uuid(), options.batchId, "batch id");
+    // Each later letter belongs to the latest replay of its job and consumer
+    // before it: a chain of replays lists every failure once, under its own batch.
     const rows = await this.db.execute(sql`
       select n.id, o.id as replayed_from, o.replay_batch_id as batch_id
-      from core.dead_letters o
-      join core.dead_letters n
-        on n.job_id = o.job_id and n.consumer = o.consumer and n.id <> o.id and n.created_at >= o.status_changed_at
-      where o.status = 'replayed' ${batchId ? sql`and o.replay_batch_id = ${batchId}` : sql``}
+      from core.dead_letters n
+      cross join lateral (
+        select o.id, o.replay_batch_id from core.dead_letters o
+        where o.job_id = n.job_id and o.consumer = n.consumer and o.id <> n.id
+          and o.status = 'replayed' and o.status_changed_at <= n.created_at
+        order by o.status_changed_at desc limit 1
+      ) o
+      where n.job_id is not null ${batchId ? sql`and o.replay_batch_id = ${batchId}` : sql``}
       order by n.id`);
     const links = rowsOf<{ id: string; replayed_from: string; batch_id: string | null }>(rows);
     if (links.length === 0) return [];
@@ -374,11 +410,25 @@ export class DeadLetterOperations {
     return this.#audited(operator, action, scope, run);
   }
 
-  #actionInput(ids: readonly string[], input: { operator: string; reason: string }) {
-    const operator = parseInput(operatorSchema, input?.operator, "operator");
-    const reason = parseInput(reasonSchema, input?.reason, "reason");
-    const idList = [...new Set(parseInput(idListSchema, ids, "ids"))];
-    return { operator, reason, idList };
+  /**
+   * Validates an id-list action and runs it audited. Invalid input is audited
+   * too (as rejected), under the operator given if it is usable.
+   */
+  async #auditedAction(
+    action: string,
+    ids: readonly string[],
+    input: { operator: string; reason: string },
+    run: (valid: { operator: string; reason: string; idList: string[] }) => Promise<ActionReport>,
+  ): Promise<ActionReport> {
+    const named =
+      typeof input?.operator === "string" && input.operator.trim() !== "" ? input.operator.trim() : "(none given)";
+    const scope = { ids: Array.isArray(ids) ? ids.slice(0, 1000) : ids, reason: input?.reason };
+    return this.#audited(named, action, scope, () => {
+      const operator = parseInput(operatorSchema, input?.operator, "operator");
+      const reason = parseInput(reasonSchema, input?.reason, "reason");
+      const idList = [...new Set(parseInput(idListSchema, ids, "ids"))];
+      return run({ operator, reason, idList });
+    });
   }
 
   async #report(ids: string[], done: Set<string>, outcome: ActionOutcome): Promise<ActionReport> {
@@ -400,6 +450,11 @@ export class DeadLetterOperations {
       }),
     );
   }
+}
+
+/** The operator to record for an action, even when the given one is invalid. */
+export function operatorName(operator: unknown): string {
+  return typeof operator === "string" && operator.trim() !== "" ? operator.trim().slice(0, 200) : "(none given)";
 }
 
 function summarize(results: ActionReport["results"][number][]): ActionReport {

@@ -137,7 +137,11 @@ describe("finding dead letters", () => {
     [{ errorClass: "nope" }, /errorClass/],
     [{ status: "gone" }, /status/],
     [{ createdAfter: "yesterday-ish" }, /createdAfter: must be a date/],
-    [{ createdAfter: "2026-02-01", createdBefore: "2026-01-01" }, /createdAfter must be before createdBefore/],
+    [
+      { createdAfter: "2026-02-01T00:00:00Z", createdBefore: "2026-01-01T00:00:00Z" },
+      /createdAfter must be before createdBefore/,
+    ],
+    [{ createdAfter: "2026-02-01T08:00" }, /createdAfter: must be a date\/time \(ISO 8601 with an offset/],
     [{ tenant: "acme" }, /unrecognized key.*tenant/i],
   ])("a bad filter %j is refused with INVALID_INPUT naming the problem", async (filter, message) => {
     await expectOpsError(ops.deadLetters.list(filter as never), "INVALID_INPUT", message);
@@ -153,6 +157,7 @@ describe("finding dead letters", () => {
     expect(detail.history).toEqual([
       expect.objectContaining({ operator: "ana", action: "dead_letter.discard", result: "ok" }),
     ]);
+    expect(detail.related).toEqual([]);
     await expectOpsError(ops.deadLetters.get("0190b3c4-0000-7000-8000-000000000000"), "NOT_FOUND", /no dead letter/);
     await expectOpsError(ops.deadLetters.get("nope"), "INVALID_INPUT", /must be a dead-letter id/);
   });
@@ -184,6 +189,8 @@ describe("discard", () => {
       /non-empty reason/,
     );
     expect((await letter(id as string))?.status).toBe("pending_review");
+    const audit = await pg.sql`select operator, action, result from core.ops_audit`;
+    expect(audit).toEqual([{ operator: "ana", action: "dead_letter.discard", result: "rejected" }]);
   });
 
   test.each([null, "", "  "])("without a reason (%j) is rejected by the database too", async (reason) => {
@@ -207,7 +214,8 @@ describe("replay", () => {
     const report = await ops.deadLetters.replay([id as string], { operator: "ana", reason: "partner fixed" });
     await queue.drain();
     expect(report.counts).toEqual({ replayed: 1 });
-    expect(published).toEqual([{ queue: QUEUE, envelope, opts: undefined }]); // the original, no dedup key
+    // The original envelope, addressed to the letter's consumer, with no dedup key.
+    expect(published).toEqual([{ queue: QUEUE, envelope, opts: { targetConsumer: "ops.award" } }]);
     expect(await effectsOf(envelope.job_id)).toBe(1);
     expect(await letter(id as string)).toMatchObject({
       status: "replayed",
@@ -323,7 +331,7 @@ describe("replay", () => {
     const [id] = await makeDeadLetters([award("au1")]);
     await ops.deadLetters.discard([id as string], { operator: "ana", reason: "dup" });
     await ops.deadLetters.discard([id as string], { operator: "", reason: "dup" }).catch(() => {});
-    const rows = await pg.db.select().from(opsAudit);
+    const rows = await pg.db.select().from(opsAudit).orderBy(opsAudit.at);
     expect(rows).toEqual([
       expect.objectContaining({
         operator: "ana",
@@ -331,6 +339,7 @@ describe("replay", () => {
         result: "ok",
         scope: { ids: [id], reason: "dup" },
       }),
+      expect.objectContaining({ operator: "(none given)", action: "dead_letter.discard", result: "rejected" }),
     ]);
   });
 });
@@ -541,5 +550,154 @@ describe("replay batches", () => {
       .from(opsAudit)
       .where(eq(opsAudit.action, "batch.run"));
     expect(row?.n).toBe(1);
+  });
+});
+
+describe("review regressions", () => {
+  const recordingQueue = (onPublish?: () => void): QueuePort => ({
+    publish: (q, envelope, opts) => {
+      published.push({ queue: q, envelope, opts });
+      onPublish?.();
+      return queue.publish(q, envelope, opts);
+    },
+    schedule: (q, envelope, runAt) => queue.schedule(q, envelope, runAt),
+  });
+
+  test("a replay reaches only the letter's consumer, not another consumer of the queue whose letter was discarded", async () => {
+    const otherEffects: string[] = [];
+    const other = defineConsumer({
+      name: "ops.other",
+      queue: QUEUE,
+      kind: "points.award.v1",
+      schema: z.object({ customerId: z.string(), points: z.number() }),
+      async handle(_data, { envelope }) {
+        if (broken.has("other-down")) throw new PermanentError("other down");
+        otherEffects.push(envelope.job_id);
+      },
+    });
+    queue.subscribe(bindConsumer(other, { db: pg.db, logger: silentLogger }));
+    broken.add("other-down");
+    const envelope = award("fan-1");
+    broken.add("fan-1");
+    await queue.publish(QUEUE, envelope);
+    await queue.drain();
+    const rows = await pg.db.select({ id: deadLetters.id, consumer: deadLetters.consumer }).from(deadLetters);
+    const mine = rows.find((r) => r.consumer === "ops.award")?.id as string;
+    const theirs = rows.find((r) => r.consumer === "ops.other")?.id as string;
+    await ops.deadLetters.discard([theirs], { operator: "ana", reason: "revoked for ops.other" });
+    broken.clear();
+
+    await ops.deadLetters.replay([mine], { operator: "ana", reason: "fixed" });
+    await queue.drain();
+    expect(await effectsOf(envelope.job_id)).toBe(1);
+    expect(otherEffects).toEqual([]); // the discarded consumer never saw the replay
+  });
+
+  test("more letters than the direct-replay cap must go through a batch", async () => {
+    const capped = createOps({ db: pg.db, queue: recordingQueue(), maxDirectReplay: 2 });
+    const ids = await makeDeadLetters([award("cap-1"), award("cap-2"), award("cap-3")]);
+    await expectOpsError(
+      capped.deadLetters.replay(ids, { operator: "ana", reason: "x" }),
+      "INVALID_INPUT",
+      /create a replay batch/,
+    );
+    expect(published).toHaveLength(0);
+  });
+
+  test("a stop from another operator takes effect at the next letter, not at the end of the chunk", async () => {
+    await makeDeadLetters(Array.from({ length: 12 }, (_, i) => award(`stop-${i}`)));
+    broken.clear();
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 40, batchSize: 100 });
+    await ops.batches.approve(batch.id, { operator: "bo" });
+    const run = ops.batches.run(batch.id, { operator: "bo" });
+    while (published.length < 3) await new Promise((r) => setTimeout(r, 5));
+    await ops.batches.stop(batch.id, { operator: "ana", reason: "wrong filter" });
+    const after = await run;
+    expect(after.status).toBe("stopped");
+    expect(published.length).toBeLessThanOrEqual(5);
+    expect(after.pending).toBeGreaterThanOrEqual(7);
+  });
+
+  test("when a runner's lease lapses, runners take turns: every letter is published once and counted once", async () => {
+    const leasing = createOps({ db: pg.db, queue: recordingQueue(), batchPolicy: { leaseMs: 1 } });
+    await makeDeadLetters(Array.from({ length: 6 }, (_, i) => award(`lease-x-${i}`)));
+    broken.clear();
+    const batch = await leasing.batches.create({ operator: "ana", reason: "x", ratePerSecond: 50, batchSize: 2 });
+    // With a 1 ms lease the second runner can take the batch over from the first.
+    await Promise.allSettled([
+      leasing.batches.run(batch.id, { operator: "ana" }),
+      new Promise((r) => setTimeout(r, 30)).then(() => leasing.batches.run(batch.id, { operator: "bo" })),
+    ]);
+    const ids = published.map((p) => p.envelope.job_id);
+    expect(new Set(ids).size).toBe(ids.length);
+    await queue.drain();
+    const final = await ops.batches.get(batch.id);
+    expect(final.replayed + final.pending).toBe(6);
+    expect(final.replayed).toBe(ids.length);
+    expect(final.skipped).toBe(0);
+    expect(final.succeeded).toBe(final.replayed);
+  });
+
+  test("resuming after a pause that was not the sample's keeps the sample requirement", async () => {
+    await makeDeadLetters(Array.from({ length: 5 }, (_, i) => award(`rs-${i}`)));
+    // Still broken: the sample will fail.
+    const batch = await ops.batches.create({
+      operator: "ana",
+      reason: "x",
+      ratePerSecond: 100,
+      sampleSize: 3,
+      batchSize: 10,
+    });
+    await ops.batches.pause(batch.id, { operator: "ana", reason: "lunch" });
+    const resumed = await ops.batches.resume(batch.id, { operator: "ana", reason: "back" });
+    expect(resumed.samplePassedAt).toBeNull();
+    const after = await ops.batches.run(batch.id, { operator: "ana" });
+    expect(after).toMatchObject({ status: "paused", replayed: 3, pending: 2 });
+    expect(after.stopReason).toMatch(/^sample:/);
+  });
+
+  test("after waiting for its sample, a batch keeps its pace instead of bursting", async () => {
+    await makeDeadLetters(Array.from({ length: 6 }, (_, i) => award(`pace-${i}`)));
+    broken.clear();
+    const times: number[] = [];
+    const timed = createOps({
+      db: pg.db,
+      queue: recordingQueue(() => times.push(Date.now())),
+      batchPolicy: { pollIntervalMs: 150 },
+    });
+    const batch = await timed.batches.create({
+      operator: "ana",
+      reason: "x",
+      ratePerSecond: 20,
+      sampleSize: 1,
+      batchSize: 10,
+    });
+    expect((await timed.batches.run(batch.id, { operator: "ana" })).status).toBe("completed");
+    const gaps = times.slice(1).map((t, i) => t - (times[i] as number));
+    expect(gaps).toHaveLength(5);
+    for (const gap of gaps) expect(gap).toBeGreaterThanOrEqual(40); // 50 ms apart at 20/s, with timer slack
+  });
+
+  test("a chain of replays lists each failure once, under the batch that replayed it", async () => {
+    const [first] = await makeDeadLetters([award("chain-1")]);
+    await ops.deadLetters.replay([first as string], { operator: "ana", reason: "try 1" });
+    await queue.drain();
+    const [second] = (await ops.deadLetters.failedAfterReplay()).map((l) => l.id);
+    const batch = await ops.batches.create({
+      operator: "ana",
+      reason: "try 2",
+      ratePerSecond: 100,
+      filter: { consumer: "ops.award" },
+    });
+    await ops.batches.run(batch.id, { operator: "ana" });
+    await queue.drain();
+    const listed = await ops.deadLetters.failedAfterReplay();
+    expect(listed.map((l) => [l.replayedFrom, l.batchId])).toEqual([
+      [first, null],
+      [second, batch.id],
+    ]);
+    expect((await ops.batches.get(batch.id)).failedAgain).toBe(1);
+    const history = (await ops.deadLetters.get(second as string)).history.map((h) => h.action);
+    expect(history).toEqual(expect.arrayContaining(["batch.create", "batch.run"]));
   });
 });

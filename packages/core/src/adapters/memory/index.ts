@@ -62,6 +62,7 @@ export interface MemoryQueue extends QueuePort {
 interface Message {
   readonly id: string;
   readonly body: string | Uint8Array;
+  readonly target: string | undefined;
   visibleAt: number;
   /** Deliveries that counted as attempts. */
   deliveries: number;
@@ -127,9 +128,16 @@ class InMemoryQueue implements MemoryQueue {
       if (seen && seen.until > now) return { messageId: seen.messageId };
       this.#dedup.set(key, { messageId: id, until: now + this.#dedupWindowMs });
     }
-    const subscriptions = this.#subscriptions.get(queue);
-    const copy = (): Message => ({ id, body, visibleAt: now + delayMs, deliveries: 0, inFlight: false });
-    if (!subscriptions || subscriptions.length === 0) {
+    const target = opts?.targetConsumer;
+    const all = this.#subscriptions.get(queue) ?? [];
+    const subscriptions = target === undefined ? all : all.filter((s) => s.consumer.name === target);
+    if (target !== undefined && all.length > 0 && subscriptions.length === 0) {
+      throw new InvalidConfigError(
+        `no consumer "${target}" is subscribed to "${queue}" here; the message would reach no one`,
+      );
+    }
+    const copy = (): Message => ({ id, body, target, visibleAt: now + delayMs, deliveries: 0, inFlight: false });
+    if (subscriptions.length === 0) {
       const held = this.#unrouted.get(queue) ?? [];
       held.push(copy());
       this.#unrouted.set(queue, held);
@@ -152,8 +160,11 @@ class InMemoryQueue implements MemoryQueue {
     const subscription = new Subscription(consumer);
     const held = this.#unrouted.get(consumer.queue);
     if (held) {
-      subscription.messages.push(...held);
-      this.#unrouted.delete(consumer.queue);
+      const mine = held.filter((m) => m.target === undefined || m.target === consumer.name);
+      subscription.messages.push(...mine);
+      const rest = held.filter((m) => !mine.includes(m));
+      if (rest.length > 0) this.#unrouted.set(consumer.queue, rest);
+      else this.#unrouted.delete(consumer.queue);
     }
     list.push(subscription);
     this.#subscriptions.set(consumer.queue, list);
@@ -225,7 +236,12 @@ class InMemoryQueue implements MemoryQueue {
     const run = (async () => {
       let result: DeliveryEvent["result"];
       try {
-        result = await consumer.deliver({ body: message.body, deliveryCount, messageId: message.id });
+        result = await consumer.deliver({
+          body: message.body,
+          deliveryCount,
+          messageId: message.id,
+          ...(message.target === undefined ? {} : { targetConsumer: message.target }),
+        });
       } catch (thrown) {
         result = { outcome: "thrown", error: describeError(thrown) };
       }
