@@ -1,0 +1,109 @@
+/**
+ * `@softcrum/core/metrics/opentelemetry`: the harness's and the operations'
+ * metrics through the OpenTelemetry API (no-op until the application
+ * installs an SDK MeterProvider). Names follow the OpenTelemetry semantic
+ * conventions for messaging where one exists (`messaging.process.duration`,
+ * `messaging.destination.name`, `messaging.consumer.group.name`); the rest are
+ * `softcrum.*`. The README lists every instrument.
+ */
+import { type Attributes, type Meter, metrics } from "@opentelemetry/api";
+import type { OpsMetricsPort } from "../../ops/operations.ts";
+import type { JobMetricAttributes, MetricsPort } from "../../ports/metrics.ts";
+
+export interface OtelMetricsOptions {
+  /** @default metrics.getMeter("@softcrum/core") from the global MeterProvider */
+  readonly meter?: Meter;
+  /**
+   * Reads dead-letter depth for the observable gauges, e.g.
+   * `() => ops.deadLetters.depth()`. Called at each collection. @default no gauges
+   */
+  readonly deadLetterDepth?: () => Promise<
+    readonly { queue: string; consumer: string; pending: number; oldestPendingAgeMs: number }[]
+  >;
+}
+
+export interface OtelMetrics extends MetricsPort, OpsMetricsPort {
+  /** Stops observing dead-letter depth. */
+  close(): void;
+}
+
+const SYSTEM = "softcrum";
+
+function jobAttributes(a: { queue: string; consumer: string }): Attributes {
+  return {
+    "messaging.system": SYSTEM,
+    "messaging.destination.name": a.queue,
+    "messaging.consumer.group.name": a.consumer,
+  };
+}
+
+export function createOtelMetrics(options: OtelMetricsOptions = {}): OtelMetrics {
+  const meter = options.meter ?? metrics.getMeter("@softcrum/core");
+  const processed = meter.createCounter("softcrum.job.processed", {
+    description: "Deliveries handled by the consumer harness, by outcome",
+    unit: "{delivery}",
+  });
+  const duration = meter.createHistogram("messaging.process.duration", {
+    description: "Duration of the work transaction (fence, handler, commit)",
+    unit: "s",
+  });
+  const alertFailed = meter.createCounter("softcrum.alert.failed", {
+    description: "Dead-letter alerts that could not be delivered",
+    unit: "{alert}",
+  });
+  const replayed = meter.createCounter("softcrum.dead_letter.replayed", {
+    description: "Dead letters republished by operators",
+    unit: "{letter}",
+  });
+  const failedAgain = meter.createCounter("softcrum.dead_letter.failed_again", {
+    description: "Replayed jobs that failed again",
+    unit: "{job}",
+  });
+  const depth = meter.createObservableGauge("softcrum.dead_letter.depth", {
+    description: "Dead letters pending review",
+    unit: "{letter}",
+  });
+  const oldest = meter.createObservableGauge("softcrum.dead_letter.oldest_age", {
+    description: "Age of the oldest dead letter pending review",
+    unit: "s",
+  });
+
+  const readDepth = options.deadLetterDepth;
+  const observe = readDepth
+    ? async (observer: import("@opentelemetry/api").BatchObservableResult) => {
+        // One query feeds both gauges; a failed read reports nothing rather than zeros.
+        const rows = await readDepth();
+        for (const row of rows) {
+          const attributes = jobAttributes(row);
+          observer.observe(depth, row.pending, attributes);
+          observer.observe(oldest, row.oldestPendingAgeMs / 1000, attributes);
+        }
+      }
+    : undefined;
+  if (observe) meter.addBatchObservableCallback(observe, [depth, oldest]);
+
+  return {
+    jobProcessed(a: JobMetricAttributes) {
+      processed.add(1, { ...jobAttributes(a), "softcrum.job.outcome": a.outcome });
+    },
+    handlerDuration(ms: number, a: JobMetricAttributes) {
+      duration.record(ms / 1000, {
+        ...jobAttributes(a),
+        "messaging.operation.name": "process",
+        "softcrum.job.outcome": a.outcome,
+      });
+    },
+    alertFailed(a) {
+      alertFailed.add(1, jobAttributes(a));
+    },
+    replayed(a) {
+      replayed.add(1, jobAttributes(a));
+    },
+    failedAgain(count) {
+      failedAgain.add(count, { "messaging.system": SYSTEM });
+    },
+    close() {
+      if (observe) meter.removeBatchObservableCallback(observe, [depth, oldest]);
+    },
+  };
+}
