@@ -10,6 +10,7 @@ import {
   type AnyPgDatabase,
   bindConsumer,
   type Clock,
+  type Consumer,
   type Logger,
   type MetricsPort,
 } from "@softcrum/core";
@@ -33,6 +34,8 @@ export interface LoyaltyModule {
   readonly db: AnyPgDatabase;
   readonly queue: MemoryQueue;
   readonly database: "postgres" | "pglite";
+  /** The module's consumers: fence cleanup checks its TTL against their retry windows. */
+  readonly consumers: readonly Consumer[];
   close(): Promise<void>;
 }
 
@@ -57,6 +60,7 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
     db,
     queue,
     database,
+    consumers: [consumer],
     async close() {
       await queue.close();
       await closeDb();

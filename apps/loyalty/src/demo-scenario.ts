@@ -147,6 +147,7 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
       dead_lettered: 0,
       poison: 0,
       dead_letter_failed: 0,
+      skipped: 0,
       thrown: 0,
     };
     for (const event of events) outcomes[event.result.outcome] += 1;
