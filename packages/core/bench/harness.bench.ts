@@ -7,7 +7,8 @@
  *   (b) handwritten: what a module developer would write with the same stack —
  *                    JSON.parse, db.transaction, the fence through Drizzle with onConflictDoNothing, the handler;
  *   (c) raw:         hand-tuned postgres.js — BEGIN pipelined with the fence insert, prepared statements.
- * Then the harness's jobs are delivered again (all duplicates).
+ * Then the harness's jobs are delivered again (all duplicates), and the TTL
+ * cleanup deletes 1,000,000 expired fence rows while 16 consumers keep going.
  * The last line printed is JSON (see README).
  */
 import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "@softcrum/testing/postgres";
@@ -24,11 +25,13 @@ import {
   processedJobs,
   type WorkTransaction,
 } from "../src/index.ts";
+import { createFenceCleanup } from "../src/maintenance/fence-cleanup.ts";
 
 const JOBS = Number(process.env["BENCH_JOBS"] ?? 20_000);
 const CONCURRENCY = 16;
 const ROUNDS = 10;
 const WARMUP = 500;
+const CLEANUP_ROWS = Number(process.env["BENCH_CLEANUP_ROWS"] ?? 1_000_000);
 
 const ledger = pgTable("bench_ledger", { jobId: uuid("job_id").notNull(), amount: integer("amount").notNull() });
 const dataSchema = z.object({ amount: z.number().int() });
@@ -145,6 +148,49 @@ try {
   const expectedRows = (JOBS + WARMUP) * names.length;
   if (check?.n !== expectedRows) throw new Error(`ledger has ${check?.n} rows, expected ${expectedRows}`);
 
+  // TTL cleanup of CLEANUP_ROWS expired fence rows while 16 consumers keep
+  // inserting fences: deleted rows/s, and the consumers' p99 latency during the
+  // cleanup over their p99 just before it (issue #4: goal <= 2).
+  await sql`
+    insert into core.processed_jobs (job_id, consumer, processed_at)
+    select gen_random_uuid(), 'bench.expired', now() - interval '30 days' from generate_series(1, ${CLEANUP_ROWS})`;
+  await sql`vacuum analyze core.processed_jobs`;
+  const cleanupClient = postgres(url, { max: 1, onnotice: () => {} });
+  const cleanup = createFenceCleanup({
+    db: drizzle({ client: cleanupClient }),
+    ttlMs: 7 * 86_400_000,
+    consumers: [consumer],
+  });
+  const live = { latencies: [] as number[], stop: false };
+  const consumers = Promise.all(
+    Array.from({ length: CONCURRENCY }, async () => {
+      while (!live.stop) {
+        const body = JSON.stringify(
+          createEnvelope({ tenantId: "bench", kind: "bench.credit.v1", data: { amount: 1 } }),
+        );
+        const started = performance.now();
+        const result = await bound.deliver({ body, deliveryCount: 1 });
+        if (result.outcome !== "success") throw new Error(`live consumer: unexpected ${result.outcome}`);
+        live.latencies.push(performance.now() - started);
+      }
+    }),
+  );
+  await new Promise((r) => setTimeout(r, 3000));
+  const before = live.latencies.splice(0);
+  const cleanupStarted = performance.now();
+  const cleaned = await cleanup.run();
+  const cleanupMs = performance.now() - cleanupStarted;
+  const during = live.latencies.splice(0);
+  live.stop = true;
+  await consumers;
+  await cleanupClient.end();
+  if (cleaned.deleted !== CLEANUP_ROWS) throw new Error(`cleanup deleted ${cleaned.deleted}, expected ${CLEANUP_ROWS}`);
+  const p99 = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length * 0.99)] ?? Number.NaN;
+  console.log(
+    `cleanup: ${cleaned.deleted} rows in ${Math.round(cleanupMs)} ms (${cleaned.batches} batches); ` +
+      `consumer p99 ${p99(before).toFixed(1)} ms before (${before.length} jobs), ${p99(during).toFixed(1)} ms during (${during.length} jobs)`,
+  );
+
   const rate = (ms: number) => Math.round((JOBS / ms) * 1000);
   const result = {
     harness_jobs_per_s: rate(elapsed.harness),
@@ -153,6 +199,8 @@ try {
     ratio: Number((elapsed.handwritten_drizzle / elapsed.harness).toFixed(3)),
     ratio_raw: Number((elapsed.raw_postgresjs / elapsed.harness).toFixed(3)),
     duplicate_jobs_per_s: rate(duplicateMs),
+    cleanup_deleted_rows_per_s: Math.round((cleaned.deleted / cleanupMs) * 1000),
+    cleanup_p99_ratio: Number((p99(during) / p99(before)).toFixed(3)),
   };
   console.log(
     `jobs per variant: ${JOBS}, concurrency ${CONCURRENCY}, ${ROUNDS} interleaved rounds, Postgres from ${server.source}`,
