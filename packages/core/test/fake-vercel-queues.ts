@@ -29,6 +29,8 @@ export const FAKE_TOKEN = "test";
 export const FAKE_REGION = "iad1";
 
 export interface RecordedSend {
+  /** Position among every recorded send and lease call, to check what happened first. */
+  readonly order: number;
   readonly topic: string;
   readonly messageId: string;
   readonly idempotencyKey: string | undefined;
@@ -40,6 +42,7 @@ export interface RecordedSend {
 }
 
 export interface RecordedLeaseCall {
+  readonly order: number;
   readonly method: "PATCH" | "DELETE";
   readonly topic: string;
   readonly group: string;
@@ -136,6 +139,7 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
   const callbacks: RecordedCallback[] = [];
   const pushes: PushSubscription[] = [];
   let seq = 0;
+  let order = 0;
   let failingSends = 0;
 
   const groupOf = (topic: string, group: string): Map<string, Delivery> => {
@@ -268,6 +272,7 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
       if (key !== undefined && key.length > 256) return reply(res, 400, "idempotency key too long");
       const record = (messageId: string, deduplicated: boolean) =>
         sends.push({
+          order: order++,
           topic,
           messageId,
           idempotencyKey: key,
@@ -330,6 +335,7 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
       const d = owner ? groupOf(owner.topic, owner.group).get(owner.messageId) : undefined;
       const call = (status: number, visibilityTimeoutSeconds?: number) => {
         leaseCalls.push({
+          order: order++,
           method: req.method as "PATCH" | "DELETE",
           topic,
           group,
