@@ -3,69 +3,156 @@
  * database, queue adapter, alerts and metrics the module runs with.
  * - DATABASE_URL set: real Postgres through postgres.js;
  * - otherwise: an embedded Postgres (PGlite), so the module runs with no server.
- * The queue is the in-process adapter.
+ * - SOFTCRUM_QUEUE=vercel (production): Vercel Queues, configured from the
+ *   environment Vercel sets (VERCEL_REGION, OIDC, VERCEL_DEPLOYMENT_ID); the
+ *   consumer is served by a route file (`awardPointsRoute`) or a poll worker.
+ *   It needs DATABASE_URL: an embedded database in a serverless function would
+ *   lose its fences between invocations.
+ * - otherwise: the in-process adapter.
+ * Switching transports changes nothing outside this file.
  */
 import {
   type AlertPort,
   type AnyPgDatabase,
+  type BoundConsumer,
   bindConsumer,
   type Clock,
   type Consumer,
+  InvalidConfigError,
   type Logger,
   type MetricsPort,
 } from "@softcrum/core";
 import { createMemoryQueue, type MemoryQueue } from "@softcrum/core/adapters/memory";
+import type {
+  VercelQueue,
+  VercelQueueOptions,
+  VercelWorker,
+  VercelWorkerOptions,
+} from "@softcrum/core/adapters/vercel";
 import { coreMigrationsFolder, coreMigrationsTable } from "@softcrum/core/migrate";
 import { type AwardPointsOptions, createAwardPointsConsumer } from "./award-points.ts";
 import { loyaltyMigrationsFolder, loyaltyMigrationsTable } from "./migrations.ts";
 
+export type LoyaltyTransport = "memory" | "vercel";
+
 export interface LoyaltyModuleOptions extends AwardPointsOptions {
   /** Postgres URL; `null` forces the embedded PGlite. @default process.env.DATABASE_URL, else PGlite */
   readonly databaseUrl?: string | null | undefined;
+  /** Which queue adapter. @default process.env.SOFTCRUM_QUEUE, else "memory" */
+  readonly transport?: LoyaltyTransport;
+  /** Vercel Queues settings; unset ones come from the environment. @default {} */
+  readonly vercel?: VercelQueueOptions;
   readonly clock?: Clock;
   readonly alerts?: AlertPort;
   readonly metrics?: MetricsPort;
   readonly logger?: Logger;
-  /** Deliveries in flight at once. @default 4 */
+  /** Deliveries in flight at once (in-process adapter). @default 4 */
   readonly concurrency?: number;
 }
 
-export interface LoyaltyModule {
+interface LoyaltyModuleBase {
   readonly db: AnyPgDatabase;
-  readonly queue: MemoryQueue;
   readonly database: "postgres" | "pglite";
   /** The module's consumers: fence cleanup checks its TTL against their retry windows. */
   readonly consumers: readonly Consumer[];
+  /** The award-points consumer, bound to the database and ports. */
+  readonly awardPoints: BoundConsumer;
   close(): Promise<void>;
 }
 
+export interface InProcessLoyaltyModule extends LoyaltyModuleBase {
+  readonly transport: "memory";
+  readonly queue: MemoryQueue;
+}
+
+export interface VercelLoyaltyModule extends LoyaltyModuleBase {
+  readonly transport: "vercel";
+  readonly queue: VercelQueue;
+  /** `export const POST = module.awardPointsRoute` in the route file vercel.json triggers. */
+  readonly awardPointsRoute: (request: Request) => Promise<Response>;
+  /** For a long-running process instead of push delivery. */
+  startAwardPointsWorker(options?: VercelWorkerOptions): VercelWorker;
+}
+
+export type LoyaltyModule = InProcessLoyaltyModule | VercelLoyaltyModule;
+
+export async function createLoyaltyModule(
+  options: LoyaltyModuleOptions & { readonly transport: "memory" },
+): Promise<InProcessLoyaltyModule>;
+export async function createLoyaltyModule(
+  options: LoyaltyModuleOptions & { readonly transport: "vercel" },
+): Promise<VercelLoyaltyModule>;
+export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promise<LoyaltyModule>;
 export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promise<LoyaltyModule> {
+  const transport = resolveTransport(options.transport);
   const url = options.databaseUrl === undefined ? process.env["DATABASE_URL"] : options.databaseUrl;
+  if (transport === "vercel" && !url) {
+    throw new InvalidConfigError(
+      "SOFTCRUM_QUEUE=vercel needs DATABASE_URL: an embedded database in a serverless function loses its fences",
+    );
+  }
+  // Checked before opening the database, so a missing Vercel setting fails fast.
+  const vercel = transport === "vercel" ? await openVercel(options) : undefined;
   const { db, database, closeDb } = url ? await openPostgres(url) : await openPglite();
+  const consumer = createAwardPointsConsumer(options);
+  const awardPoints = bindConsumer(consumer, {
+    db,
+    ...(options.alerts ? { alerts: options.alerts } : {}),
+    ...(options.metrics ? { metrics: options.metrics } : {}),
+    ...(options.logger ? { logger: options.logger } : {}),
+    ...(options.clock ? { now: () => options.clock?.now() ?? Date.now() } : {}),
+  });
+  if (vercel) {
+    return {
+      transport: "vercel",
+      db,
+      database,
+      consumers: [consumer],
+      awardPoints,
+      queue: vercel,
+      awardPointsRoute: vercel.pushHandler(awardPoints),
+      startAwardPointsWorker: (workerOptions) => vercel.startWorker(awardPoints, workerOptions),
+      async close() {
+        await vercel.close();
+        await closeDb();
+      },
+    };
+  }
   const queue = createMemoryQueue({
     ...(options.clock ? { clock: options.clock } : {}),
     concurrency: options.concurrency ?? 4,
   });
-  const consumer = createAwardPointsConsumer(options);
-  queue.subscribe(
-    bindConsumer(consumer, {
-      db,
-      ...(options.alerts ? { alerts: options.alerts } : {}),
-      ...(options.metrics ? { metrics: options.metrics } : {}),
-      ...(options.logger ? { logger: options.logger } : {}),
-      ...(options.clock ? { now: () => options.clock?.now() ?? Date.now() } : {}),
-    }),
-  );
+  queue.subscribe(awardPoints);
   return {
+    transport: "memory",
     db,
-    queue,
     database,
     consumers: [consumer],
+    awardPoints,
+    queue,
     async close() {
       await queue.close();
       await closeDb();
     },
   };
+}
+
+function resolveTransport(explicit: LoyaltyTransport | undefined): LoyaltyTransport {
+  const value = explicit ?? process.env["SOFTCRUM_QUEUE"] ?? "memory";
+  if (value !== "memory" && value !== "vercel") {
+    throw new InvalidConfigError(`SOFTCRUM_QUEUE must be "memory" or "vercel", got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
+  // Loaded only here, so the in-process setup never needs the Vercel SDK.
+  const { createVercelQueue } = await import("@softcrum/core/adapters/vercel");
+  return createVercelQueue({
+    ...(options.clock ? { clock: options.clock } : {}),
+    ...(options.logger ? { logger: options.logger } : {}),
+    ...options.vercel,
+  });
 }
 
 async function openPostgres(url: string) {

@@ -89,6 +89,7 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
 
   const module = await createLoyaltyModule({
     databaseUrl: options.databaseUrl,
+    transport: "memory",
     notifier: partner,
     closedCustomers: new Set([CLOSED_CUSTOMER]),
     retry: DEMO_RETRY_POLICY,

@@ -40,6 +40,7 @@ beforeAll(async () => {
   const down = new Set<string>();
   const module = await createLoyaltyModule({
     databaseUrl: pg.url,
+    transport: "memory",
     notifier: {
       async pointsAwarded({ jobId }) {
         if (down.has(jobId)) throw new Error("partner statement service unavailable");

@@ -1,4 +1,5 @@
 import { describe, expect, test } from "vitest";
+import { queuePortContract } from "../../../test/queue-port-contract.ts";
 import { createManualClock } from "../../clock.ts";
 import { createEnvelope } from "../../envelope.ts";
 import { InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
@@ -205,4 +206,16 @@ describe("memory queue", () => {
     expect(Date.now() - started).toBeGreaterThanOrEqual(25);
     await queue.close();
   });
+});
+
+queuePortContract("in-process memory queue", async () => {
+  const clock = createManualClock(1_700_000_000_000);
+  const queue = createMemoryQueue({ clock, visibilityTimeoutMs: 30_000 });
+  return {
+    port: queue,
+    subscribe: (consumer) => queue.subscribe(consumer),
+    settle: () => queue.drain(),
+    now: () => clock.now(),
+    close: () => queue.close(),
+  };
 });

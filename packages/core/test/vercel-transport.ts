@@ -1,0 +1,67 @@
+/** Test wiring: the Vercel adapter, through the real SDK, against the fake server. */
+import {
+  createVercelQueue,
+  toVercelTopic,
+  type VercelQueue,
+  type VercelQueueOptions,
+} from "../src/adapters/vercel/index.ts";
+import type { BoundConsumer } from "../src/queue-port.ts";
+import { type FakeVercelQueues, startFakeVercelQueues } from "./fake-vercel-queues.ts";
+import { silentLogger } from "./fixtures.ts";
+import type { ContractTransport } from "./queue-port-contract.ts";
+
+export interface VercelHarness extends ContractTransport {
+  readonly fake: FakeVercelQueues;
+  readonly queue: VercelQueue;
+}
+
+/**
+ * A Vercel adapter on a fresh fake server. `push`: each subscribed consumer
+ * gets a route (`pushHandler`) that the fake calls like a vercel.json trigger;
+ * `poll`: `settle()` drains each consumer with `receiveAvailable`.
+ */
+export async function vercelHarness(
+  mode: "push" | "poll",
+  options: Partial<VercelQueueOptions> & { retryAfterSeconds?: number } = {},
+): Promise<VercelHarness> {
+  const fake = await startFakeVercelQueues();
+  const { retryAfterSeconds, ...adapterOptions } = options;
+  const queue = createVercelQueue({
+    ...fake.clientOptions(),
+    clock: fake.clock,
+    logger: silentLogger,
+    env: {},
+    ...adapterOptions,
+  });
+  const polled: BoundConsumer[] = [];
+  return {
+    fake,
+    queue,
+    port: queue,
+    subscribe(consumer) {
+      if (mode === "push") {
+        fake.subscribePush(toVercelTopic(consumer.queue), queue.pushHandler(consumer), {
+          ...(retryAfterSeconds !== undefined ? { retryAfterSeconds } : {}),
+        });
+      } else {
+        polled.push(consumer);
+      }
+    },
+    async settle(horizonMs = 3_600_000) {
+      const limit = fake.clock.now() + horizonMs;
+      for (let round = 0; round < 10_000; round++) {
+        if (mode === "push") await fake.dispatch();
+        else for (const consumer of polled) await queue.receiveAvailable(consumer, { concurrency: 2 });
+        const next = fake.nextVisibleAt();
+        if (next === undefined || next > limit) return;
+        fake.clock.advanceTo(next);
+      }
+      throw new Error("settle(): deliveries did not come to rest");
+    },
+    now: () => fake.clock.now(),
+    async close() {
+      await queue.close();
+      await fake.close();
+    },
+  };
+}
