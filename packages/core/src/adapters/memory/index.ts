@@ -12,6 +12,7 @@ import { type Clock, systemClock } from "../../clock.ts";
 import { type Envelope, parseEnvelope } from "../../envelope.ts";
 import { describeError, InvalidConfigError, QueueClosedError } from "../../errors.ts";
 import type { BoundConsumer, DeliveryResult, PublishOptions, PublishReceipt, QueuePort } from "../../queue-port.ts";
+import { nonNegative, positiveInteger } from "../../validate.ts";
 
 export interface MemoryQueueOptions {
   /** @default the system clock; pass `createManualClock()` so backoff takes no real time. */
@@ -334,16 +335,4 @@ class InMemoryQueue implements MemoryQueue {
 /** Creates an in-process queue. */
 export function createMemoryQueue(options: MemoryQueueOptions = {}): MemoryQueue {
   return new InMemoryQueue(options);
-}
-
-function positiveInteger(value: number, name: string): number {
-  if (!Number.isInteger(value) || value < 1)
-    throw new InvalidConfigError(`${name} must be a positive integer, got ${value}`);
-  return value;
-}
-
-function nonNegative(value: number, name: string): number {
-  if (!Number.isFinite(value) || value < 0)
-    throw new InvalidConfigError(`${name} must be a non-negative number, got ${value}`);
-  return value;
 }

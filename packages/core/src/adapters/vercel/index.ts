@@ -26,6 +26,7 @@ import { type Envelope, parseEnvelope } from "../../envelope.ts";
 import { describeError, InvalidConfigError, QueueClosedError } from "../../errors.ts";
 import { consoleLogger, type Logger } from "../../ports/logger.ts";
 import type { BoundConsumer, DeliveryResult, PublishOptions, PublishReceipt, QueuePort } from "../../queue-port.ts";
+import { nonNegative, positiveInteger } from "../../validate.ts";
 
 /** Longest retention Vercel Queues keeps a message (7 days); a delay may not exceed the retention. */
 export const VERCEL_MAX_RETENTION_SECONDS = 604_800;
@@ -647,16 +648,4 @@ class PollWorker implements VercelWorker {
  */
 export function createVercelQueue(options: VercelQueueOptions = {}): VercelQueue {
   return new VercelQueueAdapter(options);
-}
-
-function positiveInteger(value: number, name: string): number {
-  if (!Number.isInteger(value) || value < 1)
-    throw new InvalidConfigError(`${name} must be a positive integer, got ${value}`);
-  return value;
-}
-
-function nonNegative(value: number, name: string): number {
-  if (!Number.isFinite(value) || value < 0)
-    throw new InvalidConfigError(`${name} must be a non-negative number, got ${value}`);
-  return value;
 }
