@@ -1,5 +1,5 @@
 // `pnpm fences:cleanup [--dry-run]`: runs the processed_jobs TTL cleanup once, by hand.
-// DATABASE_URL is required; FENCE_TTL_HOURS (default 168) as for the worker.
+// DATABASE_URL is required; FENCE_TTL_HOURS (default 192) and SOFTCRUM_QUEUE as for the worker.
 import { createFenceCleanup } from "@softcrum/core/maintenance";
 import { createLoyaltyModule } from "./composition-root.ts";
 
@@ -14,10 +14,16 @@ if (!databaseUrl) {
   console.error("DATABASE_URL is not set: the cleanup works on the module's database");
   process.exit(2);
 }
-const hours = Number(process.env["FENCE_TTL_HOURS"] ?? 168);
+const hours = Number(process.env["FENCE_TTL_HOURS"] ?? 192);
 const module = await createLoyaltyModule({ databaseUrl, notifier: { pointsAwarded: async () => {} } });
 try {
-  const cleanup = createFenceCleanup({ db: module.db, ttlMs: hours * 3_600_000, consumers: module.consumers });
+  const transportHoldMs = module.transport === "vercel" ? 604_800_000 : 0;
+  const cleanup = createFenceCleanup({
+    db: module.db,
+    ttlMs: hours * 3_600_000,
+    consumers: module.consumers,
+    transportHoldMs,
+  });
   const report = await cleanup.run({ dryRun });
   console.log(
     dryRun

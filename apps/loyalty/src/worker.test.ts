@@ -44,6 +44,7 @@ describe("the loyalty worker's maintenance", () => {
     const worker = await startLoyaltyWorker({
       databaseUrl: pg.url,
       notifier: { pointsAwarded: async () => {} },
+      transport: "memory",
       fenceTtlMs: 7 * DAY,
       cleanupEveryMs: 40,
       onCleanup: (r) => reports.push(r.deleted),
@@ -73,7 +74,7 @@ describe("the loyalty worker's maintenance", () => {
     await expiredFences(7);
     const dry = await cleanupCommand(["--dry-run"]);
     expect(dry.code, dry.stderr).toBe(0);
-    expect(dry.stdout).toMatch(/dry run: would delete 7 fence rows older than 168 h/);
+    expect(dry.stdout).toMatch(/dry run: would delete 7 fence rows older than 192 h/);
     expect(await fenceCount()).toBe(7);
     const real = await cleanupCommand([]);
     expect(real.code, real.stderr).toBe(0);

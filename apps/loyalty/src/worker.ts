@@ -6,19 +6,27 @@
  *
  *   DATABASE_URL=postgres://… pnpm --filter @softcrum/example-loyalty worker
  *
- * FENCE_TTL_HOURS (default 168 = 7 days) and FENCE_CLEANUP_EVERY_MINUTES
+ * FENCE_TTL_HOURS (default 192 = 8 days) and FENCE_CLEANUP_EVERY_MINUTES
  * (default 15) tune the cleanup; a TTL shorter than twice a consumer's retry
- * window is refused at start.
+ * window (plus, on Vercel Queues, the 7 days it may hold a message) is refused
+ * at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topic.
  */
-import { type CleanupReport, createFenceCleanup, scheduleFenceCleanup } from "@softcrum/core/maintenance";
+import {
+  type CleanupReport,
+  checkFenceTtl,
+  createFenceCleanup,
+  scheduleFenceCleanup,
+} from "@softcrum/core/maintenance";
 import { createOtelMetrics } from "@softcrum/core/metrics/opentelemetry";
-import { createOps } from "@softcrum/core/ops";
-import type { PartnerNotifier } from "./award-points.ts";
+import { createOps, type Ops } from "@softcrum/core/ops";
+import { createAwardPointsConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule, type LoyaltyModule } from "./composition-root.ts";
 
 export interface WorkerOptions {
   readonly databaseUrl?: string | null;
   readonly notifier: PartnerNotifier;
+  /** @default process.env.SOFTCRUM_QUEUE, else "memory" */
+  readonly transport?: "memory" | "vercel";
   readonly fenceTtlMs: number;
   readonly cleanupEveryMs: number;
   readonly onCleanup?: (report: CleanupReport) => void;
@@ -29,31 +37,48 @@ export interface LoyaltyWorker {
   stop(): Promise<void>;
 }
 
+/** Vercel Queues may hold a message (a deferral, a late redelivery) up to its 7-day retention. */
+const VERCEL_HOLD_MS = 604_800_000;
+
 export async function startLoyaltyWorker(options: WorkerOptions): Promise<LoyaltyWorker> {
+  const transport = options.transport ?? (process.env["SOFTCRUM_QUEUE"] === "vercel" ? "vercel" : "memory");
+  const transportHoldMs = transport === "vercel" ? VERCEL_HOLD_MS : 0;
+  // Checked first: a TTL a late retry could outlive stops the worker before it opens or consumes anything.
+  checkFenceTtl({ ttlMs: options.fenceTtlMs, consumers: [createAwardPointsConsumer(options)], transportHoldMs });
+
   const sourceToken = process.env["BETTERSTACK_SOURCE_TOKEN"];
   const alerts = sourceToken
     ? (await import("@softcrum/core/alerts/betterstack")).createBetterStackAlerts({ sourceToken })
     : undefined;
-  let depthReader: (() => ReturnType<ReturnType<typeof createOps>["deadLetters"]["depth"]>) | undefined;
+  let depthReader: (() => ReturnType<Ops["deadLetters"]["depth"]>) | undefined;
   const metrics = createOtelMetrics({ deadLetterDepth: () => (depthReader ? depthReader() : Promise.resolve([])) });
   const module = await createLoyaltyModule({
     ...(options.databaseUrl !== undefined ? { databaseUrl: options.databaseUrl } : {}),
+    transport,
     notifier: options.notifier,
     metrics,
     ...(alerts ? { alerts } : {}),
   });
   const ops = createOps({ db: module.db, queue: module.queue, metrics });
   depthReader = () => ops.deadLetters.depth();
-  // Validated here, at start: a TTL a late retry could outlive stops the worker before it consumes anything.
-  const cleanup = createFenceCleanup({ db: module.db, ttlMs: options.fenceTtlMs, consumers: module.consumers });
+  const cleanup = createFenceCleanup({
+    db: module.db,
+    ttlMs: options.fenceTtlMs,
+    consumers: module.consumers,
+    transportHoldMs,
+  });
   const schedule = scheduleFenceCleanup(cleanup, {
     intervalMs: options.cleanupEveryMs,
     onRun: (report) => options.onCleanup?.(report),
     onError: (error) => console.error(`fence cleanup failed (next run retries): ${String(error)}`),
   });
+  // With Vercel Queues this process polls the topic; in-process, the module's
+  // queue already delivers what this process publishes.
+  const poller = module.transport === "vercel" ? module.startAwardPointsWorker() : undefined;
   return {
     module,
     async stop() {
+      await poller?.stop();
       await schedule.stop();
       metrics.close();
       await module.close();
@@ -63,7 +88,7 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const hours = Number(process.env["FENCE_TTL_HOURS"] ?? 168);
+  const hours = Number(process.env["FENCE_TTL_HOURS"] ?? 192);
   const minutes = Number(process.env["FENCE_CLEANUP_EVERY_MINUTES"] ?? 15);
   const worker = await startLoyaltyWorker({
     notifier: { pointsAwarded: async () => {} },

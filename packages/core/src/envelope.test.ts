@@ -79,6 +79,11 @@ describe("parseEnvelope", () => {
   });
 });
 
+test("an upper-case job_id is accepted and read in lower case, as the fence stores it", () => {
+  const id = uuidv7();
+  expect(parseEnvelope({ ...valid(), job_id: id.toUpperCase() }).job_id).toBe(id);
+});
+
 test("jobCreatedAt reads the creation time out of a UUID v7", () => {
   const before = Date.now();
   const id = uuidv7();

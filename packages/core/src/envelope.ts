@@ -14,7 +14,9 @@ const boundedText = z.string().min(1, "must be a non-empty string").max(ENVELOPE
  * refused, so a later envelope field does not poison older consumers.
  */
 export const envelopeSchema = z.object({
-  job_id: z.uuid({ version: "v7", error: "must be a UUID version 7" }),
+  // Lowercased: the fence column is a uuid (always printed lowercase) and
+  // dead letters, replays and cleanup compare job ids as text.
+  job_id: z.uuid({ version: "v7", error: "must be a UUID version 7" }).transform((id) => id.toLowerCase()),
   tenant_id: boundedText,
   correlation_id: boundedText,
   kind: boundedText.regex(/^[A-Za-z0-9][A-Za-z0-9._:-]*$/, "must be letters, digits and . _ : -"),

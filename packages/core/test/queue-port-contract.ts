@@ -169,6 +169,22 @@ export function queuePortContract(name: string, makeTransport: () => Promise<Con
       expect(seen).toHaveLength(1);
     });
 
+    test("every consumer of a queue gets its own copy; a message addressed to one consumer reaches only it", async () => {
+      const first = scripted();
+      const second = scripted(() => ack, first.queue, `${first.consumer.name}-other`);
+      const everyone = job(1);
+      await transport.port.publish(first.queue, everyone);
+      const addressed = job(2);
+      await transport.port.publish(first.queue, addressed, { targetConsumer: first.consumer.name });
+      await transport.settle();
+      expect(first.seen.map((d) => JSON.parse(d.text))).toEqual(expect.arrayContaining([everyone, addressed]));
+      expect(first.seen).toHaveLength(2);
+      expect(first.seen.find((d) => JSON.parse(d.text).job_id === addressed.job_id)?.targetConsumer).toBe(
+        first.consumer.name,
+      );
+      expect(second.seen.map((d) => JSON.parse(d.text))).toEqual([everyone]);
+    });
+
     test("queue names with dots, colons and underscores are delivered to their own consumers only", async () => {
       const n = ++queueSeq;
       const dotted = scripted(() => ack, `notif.email.transactional${n}`, `contract.dotted${n}`);

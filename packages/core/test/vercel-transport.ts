@@ -40,7 +40,9 @@ export async function vercelHarness(
     port: queue,
     subscribe(consumer) {
       if (mode === "push") {
+        // One consumer group per consumer, as one route file per consumer is on Vercel.
         fake.subscribePush(toVercelTopic(consumer.queue), queue.pushHandler(consumer), {
+          group: `route_${toVercelTopic(consumer.name)}`,
           ...(retryAfterSeconds !== undefined ? { retryAfterSeconds } : {}),
         });
       } else {

@@ -67,12 +67,34 @@ describe("fence TTL cleanup", () => {
       retry: policy,
       handle: async () => {},
     });
-    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 6000, consumers: [fast] }); // 2 × 3 s
-    const inside = await fences(4, 2900, "fast");
-    const outside = await fences(4, 7000, "fast");
+    // The shortest TTL allowed is 2 × 3 s; one millisecond less is refused.
+    expect(() => createFenceCleanup({ db: pg.db, ttlMs: 5999, consumers: [fast] })).toThrow(InvalidConfigError);
+    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 6000, consumers: [fast] });
+    const insideRetryWindow = await fences(4, 2900, "fast");
+    const insideTtl = await fences(4, 5500, "fast");
+    const expired = await fences(4, 7000, "fast");
     expect((await cleanup.run()).deleted).toBe(4);
-    expect(new Set(await remaining())).toEqual(new Set(inside));
-    expect(outside.some((id) => inside.includes(id))).toBe(false);
+    expect(new Set(await remaining())).toEqual(new Set([...insideRetryWindow, ...insideTtl]));
+    expect(expired.some((id) => insideRetryWindow.includes(id))).toBe(false);
+  });
+
+  test("deletes only the fences of the consumers it was given (their windows are the ones checked)", async () => {
+    const mine = await fences(3, 48 * HOUR);
+    const othersModule = await fences(3, 48 * HOUR, "billing.charge");
+    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 24 * HOUR, consumers: [consumer] });
+    expect((await cleanup.run()).deleted).toBe(3);
+    expect(new Set(await remaining())).toEqual(new Set(othersModule));
+    expect(mine.some((id) => othersModule.includes(id))).toBe(false);
+  });
+
+  test("a transport that may hold a message longer (a Vercel deferral) raises the minimum TTL", () => {
+    const day = 24 * HOUR;
+    expect(() =>
+      createFenceCleanup({ db: pg.db, ttlMs: 5 * day, consumers: [consumer], transportHoldMs: 6 * day }),
+    ).toThrow(/at least 2 × 450000 \+ 518400000 \(transport hold\) = 519300000 ms/);
+    expect(() =>
+      createFenceCleanup({ db: pg.db, ttlMs: 7 * day, consumers: [consumer], transportHoldMs: 6 * day }),
+    ).not.toThrow();
   });
 
   test("a TTL a late retry could outlive is refused at start, naming the consumer and the numbers", () => {
@@ -99,7 +121,7 @@ describe("fence TTL cleanup", () => {
   test("100,000 expired rows go while consumers keep inserting fences, and none of their transactions fail", async () => {
     await pg.sql`
       insert into core.processed_jobs (job_id, consumer, processed_at)
-      select gen_random_uuid(), 'old.consumer', now() - interval '2 days' from generate_series(1, 100000)`;
+      select gen_random_uuid(), 'cleanup.award', now() - interval '2 days' from generate_series(1, 100000)`;
     const cleanup = createFenceCleanup({
       db: pg.connect({ max: 1 }).db,
       ttlMs: 24 * HOUR,
@@ -128,7 +150,7 @@ describe("fence TTL cleanup", () => {
     expect(new Set(outcomes)).toEqual(new Set(["success"]));
     const [row] = await pg.sql<{ fences: number; effects: number }[]>`
       select (select count(*)::int from core.processed_jobs) as fences, (select count(*)::int from test_effects) as effects`;
-    expect(row).toEqual({ fences: outcomes.length, effects: outcomes.length });
+    expect(row).toEqual({ fences: outcomes.length, effects: outcomes.length }); // every live fence survived
   });
 
   test("on a schedule, it runs again and again until stopped", async () => {

@@ -25,6 +25,12 @@ export interface FenceCleanupOptions {
   readonly safetyMargin?: number;
   /** Rows deleted per transaction. @default 5000 */
   readonly batchSize?: number;
+  /**
+   * How long the transport may hold a copy of a message beyond the retry
+   * schedule (a deferral, the provider's own redelivery): added to the minimum
+   * TTL. @default 0 (the in-process adapter); for Vercel Queues, its horizon.
+   */
+  readonly transportHoldMs?: number;
 }
 
 export interface CleanupReport {
@@ -44,36 +50,56 @@ export interface FenceCleanup {
 }
 
 /**
- * Validates the TTL against the consumers (throwing `InvalidConfigError`
- * naming the one it could not cover) and returns the cleanup.
+ * Refuses (InvalidConfigError naming the consumer and the numbers) a TTL that
+ * a late retry or a message the transport still holds could outlive. Called
+ * by createFenceCleanup; call it yourself to fail before opening anything.
  */
-export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
+export function checkFenceTtl(
+  options: Pick<FenceCleanupOptions, "ttlMs" | "consumers" | "safetyMargin" | "transportHoldMs">,
+): void {
+  const { ttlMs } = options;
   const margin = options.safetyMargin ?? 2;
-  const batchSize = options.batchSize ?? 5000;
-  const { ttlMs, db } = options;
   if (!Number.isFinite(ttlMs) || ttlMs <= 0)
     throw new InvalidConfigError(`fence cleanup: ttlMs must be a positive number, got ${ttlMs}`);
   if (!(margin >= 1)) throw new InvalidConfigError(`fence cleanup: safetyMargin must be at least 1, got ${margin}`);
-  if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 100_000) {
-    throw new InvalidConfigError(`fence cleanup: batchSize must be an integer from 1 to 100000, got ${batchSize}`);
-  }
   if (options.consumers.length === 0) {
     throw new InvalidConfigError(
       "fence cleanup: name the consumers whose fences it cleans, so their retry windows can be checked",
     );
   }
+  const hold = options.transportHoldMs ?? 0;
+  if (!Number.isFinite(hold) || hold < 0)
+    throw new InvalidConfigError(`fence cleanup: transportHoldMs must be >= 0, got ${hold}`);
   for (const consumer of options.consumers) {
     const window = maxRetryWindowMs(consumer.retryPolicy);
-    if (ttlMs < window * margin) {
+    const minimum = window * margin + hold;
+    if (ttlMs < minimum) {
       throw new InvalidConfigError(
         `fence cleanup: TTL ${ttlMs} ms is too short for consumer "${consumer.name}": its retries can span ${window} ms, ` +
-          `so the TTL must be at least ${margin} × ${window} = ${window * margin} ms (a late retry after the fence expired would apply the work twice)`,
+          `so the TTL must be at least ${margin} × ${window}${hold ? ` + ${hold} (transport hold)` : ""} = ${minimum} ms ` +
+          "(a late retry after the fence expired would apply the work twice)",
       );
     }
   }
+}
+
+/**
+ * Validates the TTL against the consumers (throwing `InvalidConfigError`
+ * naming the one it could not cover) and returns the cleanup.
+ */
+export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
+  checkFenceTtl(options);
+  const batchSize = options.batchSize ?? 5000;
+  const { ttlMs, db } = options;
+  if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 100_000) {
+    throw new InvalidConfigError(`fence cleanup: batchSize must be an integer from 1 to 100000, got ${batchSize}`);
+  }
+  const names = options.consumers.map((c) => c.name);
   const seconds = ttlMs / 1000;
   // Database time decides what is expired: processed_at is written with now().
-  const expired = sql`p.processed_at < now() - make_interval(secs => ${seconds})`;
+  // Only the fences of the consumers whose windows were checked; database
+  // time decides what is expired (processed_at is written with now()).
+  const expired = sql`p.consumer in ${names} and p.processed_at < now() - make_interval(secs => ${seconds})`;
   const pending = sql`exists (select 1 from core.dead_letters d where d.job_id = p.job_id::text and d.status = 'pending_review')`;
 
   return {
@@ -93,25 +119,39 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
       }
       let deleted = 0;
       let batches = 0;
+      // Keyset paging: each batch starts after the last row the previous one
+      // reached, so rows kept for pending dead letters are read once per run.
+      let after: { at: string; jobId: string; consumer: string } | undefined;
       for (;;) {
         if (runOptions.signal?.aborted) break;
         if (runOptions.maxBatches !== undefined && batches >= runOptions.maxBatches) break;
+        const position = after
+          ? sql`and (p.processed_at, p.job_id, p.consumer) > (${after.at}::timestamptz, ${after.jobId}::uuid, ${after.consumer})`
+          : sql``;
         // Oldest first through the processed_at index; SKIP LOCKED never waits on a live transaction.
         const result = await db.execute(sql`
-          delete from core.processed_jobs t
-          using (
-            select p.job_id, p.consumer from core.processed_jobs p
-            where ${expired} and not ${pending}
-            order by p.processed_at
+          with page as (
+            select p.job_id, p.consumer, p.processed_at from core.processed_jobs p
+            where ${expired} ${position}
+            order by p.processed_at, p.job_id, p.consumer
             limit ${batchSize}
             for update skip locked
-          ) victim
-          where t.job_id = victim.job_id and t.consumer = victim.consumer
-          returning 1`);
-        const n = rowsOf(result).length;
+          ), victim as (
+            delete from core.processed_jobs t using page
+            where t.job_id = page.job_id and t.consumer = page.consumer
+              and not exists (select 1 from core.dead_letters d where d.job_id = page.job_id::text and d.status = 'pending_review')
+            returning 1
+          )
+          select (select count(*)::int from victim) as deleted,
+                 (select count(*)::int from page) as scanned,
+                 (select to_char(processed_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '|' || job_id || '|' || consumer
+                    from page order by processed_at desc, job_id desc, consumer desc limit 1) as last`);
+        const [row] = rowsOf<{ deleted: number; scanned: number; last: string | null }>(result);
         batches += 1;
-        deleted += n;
-        if (n < batchSize) break;
+        deleted += row?.deleted ?? 0;
+        if (!row?.last || (row.scanned ?? 0) < batchSize) break;
+        const [at, jobId, consumer] = row.last.split("|") as [string, string, string];
+        after = { at, jobId, consumer };
       }
       return report(deleted, kept?.n ?? 0, batches, started, false);
     },
@@ -149,6 +189,8 @@ export function scheduleFenceCleanup(
         (r) => options.onRun?.(r),
         (e: unknown) => options.onError?.(e),
       )
+      // A throwing callback must not become an unhandled rejection.
+      .catch(() => {})
       .finally(() => {
         running = undefined;
       });

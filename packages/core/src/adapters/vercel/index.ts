@@ -14,6 +14,7 @@
  * receipt handle; deferral = a republished copy of a message, addressed to one
  * consumer, carrying the attempts already spent.
  */
+import { createHash } from "node:crypto";
 import {
   type MessageMetadata,
   PollingQueueClient,
@@ -258,6 +259,12 @@ interface Deferral {
   readonly body: string | Uint8Array;
 }
 
+/** The provider idempotency key of a deferral: one per consumer, message and delivery, within the SDK's 256 characters. */
+function deferralKey(consumer: string, messageId: string, deliveryCount: number): string {
+  const key = `softcrum-deferral:${consumer}:${messageId}:${deliveryCount}`;
+  return key.length <= 256 ? key : `softcrum-deferral:${createHash("sha256").update(key).digest("hex")}`;
+}
+
 function encodeDeferral(consumer: string, attemptsSpent: number, body: string | Uint8Array): Buffer {
   let text: string;
   let encoding: "utf8" | "base64";
@@ -441,21 +448,27 @@ class VercelQueueAdapter implements VercelQueue {
     const group = toVercelTopic(consumer.name);
     const concurrency = positiveInteger(options.concurrency ?? 1, "concurrency");
     let delivered = 0;
+    let failure: { error: unknown } | undefined;
     const lane = async () => {
-      for (;;) {
+      // Every lane stops at the first failure, so none keeps receiving after this call returned.
+      while (!failure) {
         let outcome: "delivered" | "empty";
         try {
           outcome = await this.#receiveOne(consumer, topic, group, 0);
         } catch (error) {
           // A delivery that is left unacknowledged still counts; the lease brings it back.
-          if (!(error instanceof NotAcknowledged)) throw error;
+          if (!(error instanceof NotAcknowledged)) {
+            failure ??= { error };
+            return;
+          }
           outcome = "delivered";
         }
         if (outcome === "empty") return;
         delivered += 1;
       }
     };
-    await Promise.all(Array.from({ length: concurrency }, lane));
+    await Promise.allSettled(Array.from({ length: concurrency }, lane));
+    if (failure) throw failure.error;
     return delivered;
   }
 
@@ -558,7 +571,9 @@ class VercelQueueAdapter implements VercelQueue {
         topic,
         encodeDeferral(consumer.name, attemptsSpent, body),
         delaySeconds,
-        `softcrum-deferral:${metadata.messageId}:${metadata.deliveryCount}`,
+        // Per consumer: every consumer group of the topic sees the same message id,
+        // and a shared key would let the provider drop the second group's deferral.
+        deferralKey(consumer.name, metadata.messageId, metadata.deliveryCount),
       );
     } catch (thrown) {
       // The message must not be lost: wait on the lease instead (this wait then counts as an attempt).

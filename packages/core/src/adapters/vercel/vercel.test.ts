@@ -279,7 +279,7 @@ describe("push mode (route handler)", () => {
     expect(deferrals).toHaveLength(2);
     for (const d of deferrals) {
       expect(d.delaySeconds).toBe(20);
-      expect(d.idempotencyKey).toMatch(/^softcrum-deferral:msg_/);
+      expect(d.idempotencyKey).toMatch(new RegExp(`^softcrum-deferral:${consumer.name}:msg_`));
       // The original is acknowledged only after its deferral was stored.
       const ack = h.fake.leaseCalls.find((c) => c.method === "DELETE" && c.order > d.order);
       expect(ack).toBeDefined();
@@ -287,6 +287,46 @@ describe("push mode (route handler)", () => {
     expect(h.fake.leaseCalls.filter((c) => c.method === "DELETE").length).toBe(3);
     expect(h.fake.leaseCalls.every((c) => c.method === "DELETE")).toBe(true);
     expect(h.fake.leaseCalls[0]?.order).toBeGreaterThan(deferrals[0]?.order ?? Number.POSITIVE_INFINITY);
+  });
+
+  test("two consumers of one topic rate-limited on the same message each keep their own deferral", async () => {
+    const h = await open("push");
+    const first = pointsConsumer();
+    let limited = 2;
+    const second = defineConsumer({
+      name: `${first.name}-b`,
+      queue: first.queue,
+      kind: "points.award.v1",
+      schema,
+      async handle(data, ctx) {
+        if (limited-- > 0) throw new RateLimitedError("429", { retryAfterMs: 5_000 });
+        await ctx.tx
+          .insert(effects)
+          .values({ jobId: ctx.envelope.job_id, consumer: `${first.name}-b`, amount: data.points });
+      },
+    });
+    let limitedFirst = 1;
+    const firstLimited = defineConsumer({
+      ...first,
+      async handle(data, ctx) {
+        if (limitedFirst-- > 0) throw new RateLimitedError("429", { retryAfterMs: 5_000 });
+        await first.handle(data, ctx);
+      },
+    });
+    const topic = toVercelTopic(first.queue);
+    h.fake.subscribePush(topic, h.queue.pushHandler(bind(firstLimited)), { group: "route_a" });
+    h.fake.subscribePush(
+      topic,
+      h.queue.pushHandler(bindConsumer(second, { db: pg.db, logger: silentLogger, random })),
+      {
+        group: "route_b",
+      },
+    );
+    await h.queue.publish(first.queue, award(2));
+    await h.settle();
+    expect(await effectRows(first.name)).toHaveLength(1);
+    expect(await effectRows(second.name)).toHaveLength(1);
+    expect(h.fake.sends.filter((x) => x.deduplicated)).toHaveLength(0);
   });
 
   test("when the republish fails, the rate-limited original is not acknowledged but delayed on its lease", async () => {

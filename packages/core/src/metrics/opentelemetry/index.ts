@@ -69,14 +69,26 @@ export function createOtelMetrics(options: OtelMetricsOptions = {}): OtelMetrics
   });
 
   const readDepth = options.deadLetterDepth;
+  // Every (queue, consumer) ever observed: once its last letter is resolved it
+  // must read 0, not keep its last value (an alert on depth > 0 would never clear).
+  const seen = new Map<string, { queue: string; consumer: string }>();
   const observe = readDepth
     ? async (observer: import("@opentelemetry/api").BatchObservableResult) => {
         // One query feeds both gauges; a failed read reports nothing rather than zeros.
         const rows = await readDepth();
+        const current = new Set<string>();
         for (const row of rows) {
+          const key = `${row.queue}\u0000${row.consumer}`;
+          current.add(key);
+          seen.set(key, { queue: row.queue, consumer: row.consumer });
           const attributes = jobAttributes(row);
           observer.observe(depth, row.pending, attributes);
           observer.observe(oldest, row.oldestPendingAgeMs / 1000, attributes);
+        }
+        for (const [key, pair] of seen) {
+          if (current.has(key)) continue;
+          observer.observe(depth, 0, jobAttributes(pair));
+          observer.observe(oldest, 0, jobAttributes(pair));
         }
       }
     : undefined;

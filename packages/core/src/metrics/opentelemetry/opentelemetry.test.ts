@@ -116,6 +116,11 @@ describe("OpenTelemetry metrics", () => {
     const [age] = await points("softcrum.dead_letter.oldest_age");
     expect(age?.[1]).toBeGreaterThanOrEqual(0);
     expect(age?.[1]).toBeLessThan(60);
+
+    // Once the letters are resolved, the gauges go back to zero instead of keeping their last value.
+    await pg.sql`update core.dead_letters set status = 'discarded', status_changed_at = now(), status_changed_by = 'ops', status_reason = 'test'`;
+    expect((await points("softcrum.dead_letter.depth")).map(([, v]) => v)).toEqual([0]);
+    expect((await points("softcrum.dead_letter.oldest_age")).map(([, v]) => v)).toEqual([0]);
     metrics.close();
   });
 
