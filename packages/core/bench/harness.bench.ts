@@ -153,7 +153,7 @@ try {
   // cleanup over their p99 just before it (issue #4: goal <= 2).
   await sql`
     insert into core.processed_jobs (job_id, consumer, processed_at)
-    select gen_random_uuid(), 'bench.expired', now() - interval '30 days' from generate_series(1, ${CLEANUP_ROWS})`;
+    select gen_random_uuid(), ${consumer.name}, now() - interval '30 days' from generate_series(1, ${CLEANUP_ROWS})`;
   await sql`vacuum analyze core.processed_jobs`;
   const cleanupClient = postgres(url, { max: 1, onnotice: () => {} });
   const cleanup = createFenceCleanup({

@@ -19,8 +19,8 @@ export const core = pgSchema("core");
 
 /**
  * The idempotency fence. One row per (job, consumer) that committed its work;
- * written inside the work transaction and nowhere else. `processed_at` is
- * indexed for the TTL cleanup.
+ * written inside the work transaction and nowhere else. `processed_at` leads
+ * the TTL cleanup's index.
  */
 export const processedJobs = core.table(
   "processed_jobs",
@@ -29,7 +29,13 @@ export const processedJobs = core.table(
     consumer: text("consumer").notNull(),
     processedAt: timestamp("processed_at", { withTimezone: true }).notNull().defaultNow(),
   },
-  (t) => [primaryKey({ columns: [t.jobId, t.consumer] }), index("processed_jobs_processed_at_idx").on(t.processedAt)],
+  (t) => [
+    primaryKey({ columns: [t.jobId, t.consumer] }),
+    // The cleanup pages through expired rows in (processed_at, job_id, consumer)
+    // order; rows written in one statement share processed_at, so the index
+    // carries the whole key.
+    index("processed_jobs_expiry_idx").on(t.processedAt, t.jobId, t.consumer),
+  ],
 );
 
 export const DEAD_LETTER_STATUSES = ["pending_review", "replayed", "discarded"] as const;
