@@ -128,7 +128,7 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         const position = after
           ? sql`and (p.processed_at, p.job_id, p.consumer) > (${after.at}::timestamptz, ${after.jobId}::uuid, ${after.consumer})`
           : sql``;
-        // Oldest first through the processed_at index; SKIP LOCKED never waits on a live transaction.
+        // Oldest first through the expiry index; SKIP LOCKED never waits on a live transaction.
         const result = await db.execute(sql`
           with page as (
             select p.job_id, p.consumer, p.processed_at from core.processed_jobs p
