@@ -9,7 +9,8 @@
  * the HTTP handlers, which take the operator from a verified token.
  *
  * Exit codes: 0 done; 1 unexpected failure; 2 bad input (filter, missing
- * reason or operator); 3 not found; 4 refused (the state or a rule forbids it:
+ * reason or operator, more ids than a direct replay takes); 3 not found (none
+ * of the ids exists); 4 refused (the state or a rule forbids it:
  * awaiting approval, approving your own batch); 5 partly done (some ids not acted on, or the batch ended without
  * completing: paused, stopped or expired).
  */
@@ -113,8 +114,10 @@ function printReport(report: ActionReport, asJson: boolean) {
         .join(", "),
     );
   }
-  const partial = report.results.some((r) => r.outcome !== "replayed" && r.outcome !== "discarded");
-  if (partial) process.exitCode = EXIT.partial;
+  // None of the ids exists: "not found"; some not acted on: "partly done".
+  if (report.results.every((r) => r.outcome === "not_found")) process.exitCode = EXIT.notFound;
+  else if (report.results.some((r) => r.outcome !== "replayed" && r.outcome !== "discarded"))
+    process.exitCode = EXIT.partial;
 }
 
 const BATCH_FIELDS = [
@@ -192,12 +195,13 @@ export function buildProgram(): Command {
       }),
     );
 
-  filterOptions(dlq.command("count").description("count dead letters"))
-    .addOption(new Option("--status <status>", "pending_review | replayed | discarded"))
+  filterOptions(dlq.command("count").description("count dead letters (pending ones unless --status or --all)"))
+    .addOption(new Option("--status <status>", "pending_review | replayed | discarded").default("pending_review"))
+    .option("--all", "any status (overrides --status)")
     .option("--json", "JSON output")
     .action((o) =>
       withOps(async ({ ops }) => {
-        const count = await ops.deadLetters.count(filterFrom(o));
+        const count = await ops.deadLetters.count(filterFrom({ ...o, status: o.all ? undefined : o.status }));
         out(o.json ? json({ count }) : String(count));
       }),
     );

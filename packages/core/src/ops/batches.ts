@@ -14,6 +14,7 @@ import { uuidv7 } from "uuidv7";
 import { z } from "zod";
 import {
   deadLetters,
+  REPLAY_BATCH_STATUSES,
   type ReplayBatchRow,
   type ReplayBatchStatus,
   replayBatches,
@@ -249,10 +250,12 @@ export class ReplayBatches {
   }
 
   async list(options: { status?: ReplayBatchStatus; limit?: number } = {}): Promise<ReplayBatchRow[]> {
+    // A misspelt status is an error, never an empty (or wider) list.
+    const status = parseInput(z.enum(REPLAY_BATCH_STATUSES).optional(), options.status, "status");
     return this.#db
       .select()
       .from(replayBatches)
-      .where(options.status ? eq(replayBatches.status, options.status) : undefined)
+      .where(status ? eq(replayBatches.status, status) : undefined)
       .orderBy(desc(replayBatches.id))
       .limit(Math.min(Math.max(options.limit ?? 50, 1), 500));
   }
