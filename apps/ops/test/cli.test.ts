@@ -206,8 +206,13 @@ describe("pnpm ops, end to end on a real database", () => {
       "ana",
       "--json",
     ]);
-    expect(partly.code).toBe(5);
+    expect(partly.code).toBe(3); // none of the ids exists
     expect(JSON.parse(partly.stdout).counts).toEqual({ not_found: 1 });
+    const badStatus = await ops(["batch", "list", "--status", "bogus"]);
+    expect(badStatus.code).toBe(2);
+    const all = await opsJson(["dlq", "count", "--all"]);
+    const pending = await opsJson(["dlq", "count"]);
+    expect(all.count).toBeGreaterThan(pending.count);
     const unknownCommand = await ops(["dlq", "explode"]);
     expect(unknownCommand.code).toBe(2);
     const noDatabase = await ops(["dlq", "list"], { DATABASE_URL: "" });
