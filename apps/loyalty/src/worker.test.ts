@@ -1,6 +1,5 @@
-import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { useTestDatabase } from "@softcrum/testing";
+import { runScript, useTestDatabase } from "@softcrum/testing";
 import { beforeEach, describe, expect, test } from "vitest";
 import { startLoyaltyWorker } from "./worker.ts";
 
@@ -19,23 +18,8 @@ async function expiredFences(count: number) {
 const fenceCount = async () =>
   (await pg.sql<{ n: number }[]>`select count(*)::int as n from core.processed_jobs`)[0]?.n;
 
-function cleanupCommand(args: string[]) {
-  return new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
-    const child = spawn(
-      process.execPath,
-      ["--import", "tsx", fileURLToPath(new URL("./cleanup-cli.ts", import.meta.url)), ...args],
-      {
-        env: { ...process.env, DATABASE_URL: pg.url },
-        stdio: ["ignore", "pipe", "pipe"],
-      },
-    );
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (c) => (stdout += c));
-    child.stderr.on("data", (c) => (stderr += c));
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const cleanupCommand = (args: string[]) =>
+  runScript(fileURLToPath(new URL("./cleanup-cli.ts", import.meta.url)), args, { env: { DATABASE_URL: pg.url } });
 
 describe("the loyalty worker's maintenance", () => {
   test("runs the fence cleanup on its schedule", async () => {

@@ -1,8 +1,7 @@
-import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { createEnvelope } from "@softcrum/core";
 import { createLoyaltyModule } from "@softcrum/example-loyalty/composition-root";
-import { useTestDatabase } from "@softcrum/testing";
+import { runScript, useTestDatabase } from "@softcrum/testing";
 import { beforeAll, describe, expect, test } from "vitest";
 
 const pg = useTestDatabase("ops-cli");
@@ -10,17 +9,9 @@ const CLI = fileURLToPath(new URL("../src/cli.ts", import.meta.url));
 
 /** Runs `pnpm ops …` as an operator would, in its own process, against the test database. */
 function ops(args: string[], env: Record<string, string> = {}) {
-  return new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
-    const child = spawn(process.execPath, ["--import", "tsx", CLI, ...args], {
-      cwd: fileURLToPath(new URL("..", import.meta.url)),
-      env: { ...process.env, DATABASE_URL: pg.url, SOFTCRUM_OPERATOR: "", ...env },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (c) => (stdout += c));
-    child.stderr.on("data", (c) => (stderr += c));
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
+  return runScript(CLI, args, {
+    cwd: fileURLToPath(new URL("..", import.meta.url)),
+    env: { DATABASE_URL: pg.url, SOFTCRUM_OPERATOR: "", ...env },
   });
 }
 const opsJson = async (args: string[], env: Record<string, string> = {}) => {
