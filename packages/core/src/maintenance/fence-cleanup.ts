@@ -25,6 +25,8 @@ export interface FenceCleanupOptions {
   readonly safetyMargin?: number;
   /** Rows deleted per transaction. @default 5000 */
   readonly batchSize?: number;
+  /** Rest between batches, leaving the database's CPU to live consumers. @default 10 */
+  readonly pauseBetweenBatchesMs?: number;
   /**
    * How long the transport may hold a copy of a message beyond the retry
    * schedule (a deferral, the provider's own redelivery): added to the minimum
@@ -90,7 +92,11 @@ export function checkFenceTtl(
 export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
   checkFenceTtl(options);
   const batchSize = options.batchSize ?? 5000;
+  const pauseMs = options.pauseBetweenBatchesMs ?? 10;
   const { ttlMs, db } = options;
+  if (!Number.isFinite(pauseMs) || pauseMs < 0) {
+    throw new InvalidConfigError(`fence cleanup: pauseBetweenBatchesMs must be >= 0, got ${pauseMs}`);
+  }
   if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 100_000) {
     throw new InvalidConfigError(`fence cleanup: batchSize must be an integer from 1 to 100000, got ${batchSize}`);
   }
@@ -152,6 +158,7 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         if (!row?.last || (row.scanned ?? 0) < batchSize) break;
         const [at, jobId, consumer] = row.last.split("|") as [string, string, string];
         after = { at, jobId, consumer };
+        if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
       }
       return report(deleted, kept?.n ?? 0, batches, started, false);
     },
