@@ -1,17 +1,16 @@
-import { useTestDatabase } from "@softcrum/testing";
 import { sql as dsql, eq } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { uuidv4 } from "uuidv7";
-import { beforeAll, beforeEach, describe, expect, test } from "vitest";
+import { describe, expect, test } from "vitest";
 import { z } from "zod";
 import {
-  createEffectsTable,
   effects,
   recordingAlerts,
   recordingMetrics,
   silentLogger,
   tableCounts,
+  useEffectsDatabase,
 } from "../test/fixtures.ts";
 import { createMemoryQueue, type DeliveryEvent } from "./adapters/memory/index.ts";
 import { createManualClock } from "./clock.ts";
@@ -20,15 +19,7 @@ import { deadLetters, processedJobs } from "./db/schema.ts";
 import { createEnvelope } from "./envelope.ts";
 import { InvalidConfigError, PermanentError, RateLimitedError } from "./errors.ts";
 
-const pg = useTestDatabase("consumer");
-
-beforeAll(async () => {
-  await createEffectsTable(pg.sql);
-});
-
-beforeEach(async () => {
-  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters cascade`;
-});
+const pg = useEffectsDatabase("consumer");
 
 const awardSchema = z.object({ customerId: z.string().min(1), points: z.number().int().positive() });
 

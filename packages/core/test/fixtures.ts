@@ -1,5 +1,7 @@
+import { type TestDatabase, useTestDatabase } from "@softcrum/testing";
 import { integer, pgTable, text, uuid } from "drizzle-orm/pg-core";
 import type postgres from "postgres";
+import { beforeAll, beforeEach } from "vitest";
 import { z } from "zod";
 import { defineConsumer } from "../src/consumer.ts";
 import type { AlertPort, DeadLetterAlert } from "../src/ports/alerts.ts";
@@ -91,4 +93,22 @@ export async function tableCounts(sql: postgres.Sql): Promise<Record<string, num
     counts[name] = row?.n ?? 0;
   }
   return counts;
+}
+
+/**
+ * A test file's own database with the effects table, and `tables` emptied
+ * before each test so every test starts from nothing.
+ */
+export function useEffectsDatabase(
+  label: string,
+  tables = "test_effects, core.processed_jobs, core.dead_letters",
+): TestDatabase {
+  const pg = useTestDatabase(label);
+  beforeAll(async () => {
+    await createEffectsTable(pg.sql);
+  });
+  beforeEach(async () => {
+    await pg.sql.unsafe(`truncate ${tables} cascade`);
+  });
+  return pg;
 }

@@ -3,20 +3,13 @@ import { writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { useTestDatabase } from "@softcrum/testing";
-import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
+import { afterEach, describe, expect, test } from "vitest";
 import { bindConsumer, createEnvelope } from "../src/index.ts";
-import { createEffectsTable, effectConsumer, silentLogger } from "./fixtures.ts";
+import { effectConsumer, silentLogger, useEffectsDatabase } from "./fixtures.ts";
 
-const pg = useTestDatabase("processes");
+const pg = useEffectsDatabase("processes", "test_effects, core.processed_jobs");
 const children: ChildProcess[] = [];
 
-beforeAll(async () => {
-  await createEffectsTable(pg.sql);
-});
-beforeEach(async () => {
-  await pg.sql`truncate test_effects, core.processed_jobs`;
-});
 afterEach(() => {
   for (const child of children.splice(0)) child.kill("SIGKILL");
 });

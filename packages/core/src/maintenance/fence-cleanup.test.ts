@@ -1,23 +1,15 @@
-import { useTestDatabase } from "@softcrum/testing";
 import { uuidv7 } from "uuidv7";
-import { beforeAll, beforeEach, describe, expect, test } from "vitest";
+import { describe, expect, test } from "vitest";
 import { z } from "zod";
-import { createEffectsTable, effectConsumer, silentLogger } from "../../test/fixtures.ts";
+import { effectConsumer, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { createEnvelope } from "../envelope.ts";
 import { InvalidConfigError } from "../errors.ts";
 import { createFenceCleanup, scheduleFenceCleanup } from "./fence-cleanup.ts";
 
-const pg = useTestDatabase("fence-cleanup");
+const pg = useEffectsDatabase("fence-cleanup");
 const HOUR = 3_600_000;
 const consumer = effectConsumer("cleanup.award"); // default policy: retries span 7.5 minutes
-
-beforeAll(async () => {
-  await createEffectsTable(pg.sql);
-});
-beforeEach(async () => {
-  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters cascade`;
-});
 
 /** Fence rows processed `ageMs` ago (database time). */
 async function fences(count: number, ageMs: number, consumerName = "cleanup.award"): Promise<string[]> {

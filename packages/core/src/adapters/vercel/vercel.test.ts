@@ -1,12 +1,11 @@
 import { readFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { useTestDatabase } from "@softcrum/testing";
 import { PollingQueueClient } from "@vercel/queue";
 import { eq } from "drizzle-orm";
-import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
+import { afterEach, describe, expect, test } from "vitest";
 import { z } from "zod";
-import { createEffectsTable, effects, silentLogger } from "../../../test/fixtures.ts";
+import { effects, silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
 import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
 import { deadLetters, processedJobs } from "../../db/schema.ts";
@@ -17,15 +16,7 @@ import type { BoundConsumer } from "../../queue-port.ts";
 import { DEFAULT_RETRY_POLICY, retryDelayMs } from "../../retry.ts";
 import { createVercelQueue, fromVercelTopic, toVercelTopic } from "./index.ts";
 
-const pg = useTestDatabase("vercel");
-
-beforeAll(async () => {
-  await createEffectsTable(pg.sql);
-});
-
-beforeEach(async () => {
-  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters cascade`;
-});
+const pg = useEffectsDatabase("vercel");
 
 const schema = z.object({ customerId: z.string().min(1), points: z.number().int().positive() });
 const award = (points = 10) =>
@@ -313,15 +304,9 @@ describe("push mode (route handler)", () => {
         await first.handle(data, ctx);
       },
     });
-    const topic = toVercelTopic(first.queue);
-    h.fake.subscribePush(topic, h.queue.pushHandler(bind(firstLimited)), { group: "route_a" });
-    h.fake.subscribePush(
-      topic,
-      h.queue.pushHandler(bindConsumer(second, { db: pg.db, logger: silentLogger, random })),
-      {
-        group: "route_b",
-      },
-    );
+    // h.subscribe gives each consumer its own consumer group, as its own route file would.
+    h.subscribe(bind(firstLimited));
+    h.subscribe(bindConsumer(second, { db: pg.db, logger: silentLogger, random }));
     await h.queue.publish(first.queue, award(2));
     await h.settle();
     expect(await effectRows(first.name)).toHaveLength(1);
@@ -419,15 +404,8 @@ describe("addressed messages", () => {
       },
     });
     // Two routes on one topic, each its own consumer group (fan-out).
-    const topic = toVercelTopic(first.queue);
-    h.fake.subscribePush(topic, h.queue.pushHandler(bind(first)), { group: "route_first" });
-    h.fake.subscribePush(
-      topic,
-      h.queue.pushHandler(bindConsumer(second, { db: pg.db, logger: silentLogger, random })),
-      {
-        group: "route_second",
-      },
-    );
+    h.subscribe(bind(first));
+    h.subscribe(bindConsumer(second, { db: pg.db, logger: silentLogger, random }));
     await h.queue.publish(first.queue, award(3), { targetConsumer: first.name });
     await h.settle();
     expect(await effectRows(first.name)).toHaveLength(1);

@@ -73,6 +73,9 @@ const alert = (overrides: Partial<DeadLetterAlert> = {}): DeadLetterAlert => ({
   ...overrides,
 });
 const sdk = { batchInterval: 20, retryCount: 0 };
+/** The adapter pointed at the fake ingest, sending fast and without SDK retries. */
+const alertsTo = (url: string, options: Partial<Parameters<typeof createBetterStackAlerts>[0]> = {}) =>
+  createBetterStackAlerts({ sourceToken: "t", endpoint: url, sdkOptions: sdk, logger: silentLogger, ...options });
 
 describe("BetterStack alerts through the real @logtail/node client", () => {
   test("a new dead letter sends one alert with its ids, class and error — and nothing of the payload", async () => {
@@ -123,13 +126,7 @@ describe("BetterStack alerts through the real @logtail/node client", () => {
   });
 
   test("identical failures inside the window make one alert plus one summary with the count", async () => {
-    const alerts = createBetterStackAlerts({
-      sourceToken: "t",
-      endpoint,
-      coalesceWindowMs: 60_000,
-      sdkOptions: sdk,
-      logger: silentLogger,
-    });
+    const alerts = alertsTo(endpoint, { coalesceWindowMs: 60_000 });
     for (let i = 0; i < 5; i++) {
       alerts.deadLetterCreated(
         alert({
@@ -159,13 +156,7 @@ describe("BetterStack alerts through the real @logtail/node client", () => {
   });
 
   test("after the window, the same failure alerts again", async () => {
-    const alerts = createBetterStackAlerts({
-      sourceToken: "t",
-      endpoint,
-      coalesceWindowMs: 50,
-      sdkOptions: sdk,
-      logger: silentLogger,
-    });
+    const alerts = alertsTo(endpoint, { coalesceWindowMs: 50 });
     alerts.deadLetterCreated(alert());
     await new Promise((r) => setTimeout(r, 120));
     alerts.deadLetterCreated(alert());
@@ -177,13 +168,7 @@ describe("BetterStack alerts through the real @logtail/node client", () => {
   test("an ingest answering 500 loses no dead letter and the failure is counted", async () => {
     ingest.status = 500;
     const metrics = recordingMetrics();
-    const alerts = createBetterStackAlerts({
-      sourceToken: "t",
-      endpoint,
-      sdkOptions: sdk,
-      metrics: metrics.port,
-      logger: silentLogger,
-    });
+    const alerts = alertsTo(endpoint, { metrics: metrics.port });
     const consumer = defineConsumer({
       name: "a.c",
       queue: "a.q",
