@@ -495,12 +495,38 @@ describe("database unreachable", () => {
   test.each([
     ["a poison payload", "not json", 1],
     ["a delivery past the budget (its fence check fails)", JSON.stringify(award()), 7],
-    ["a transient failure on the last attempt", JSON.stringify(award()), 5],
   ])("%s is not acknowledged when the database is down", async (_name, body, deliveryCount) => {
     const { db, close } = unreachable();
     try {
       const result = await bindConsumer(pointsConsumer(), deps({ db })).deliver({ body, deliveryCount });
       expect(result).toMatchObject({ outcome: "dead_letter_failed", ack: false });
+    } finally {
+      await close();
+    }
+  });
+
+  test("a delivery whose handler cannot start, even the last attempt, is deferred with growing waits and spends no attempt (#8 item 8)", async () => {
+    const { db, close } = unreachable();
+    let ran = 0;
+    const consumer = bindConsumer(
+      pointsConsumer({
+        async handle() {
+          ran += 1;
+        },
+      }),
+      deps({ db, random: () => 0.999 }),
+    );
+    try {
+      const body = JSON.stringify(award());
+      const waits: number[] = [];
+      for (let deferrals = 0; deferrals < 4; deferrals++) {
+        const result = await consumer.deliver({ body, deliveryCount: 5, deferrals });
+        expect(result).toMatchObject({ outcome: "deferred", ack: false, spendsAttempt: false });
+        if (result.outcome === "deferred") waits.push(result.retryAfterMs);
+      }
+      expect(ran).toBe(0);
+      expect(waits).toEqual([...waits].sort((a, b) => a - b));
+      expect(new Set(waits).size).toBe(4);
     } finally {
       await close();
     }

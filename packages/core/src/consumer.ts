@@ -9,19 +9,24 @@
  *   itself, with its payload and the evidence of why.
  */
 import { createHash } from "node:crypto";
-import { and, eq, sql } from "drizzle-orm";
+import { sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT, PgTransaction } from "drizzle-orm/pg-core";
 import { uuidv7 } from "uuidv7";
 import type { z } from "zod";
-import { type DeadLetterErrorClass, deadLetters, LAST_ERROR_MAX, processedJobs } from "./db/schema.ts";
-import { type RunInWorkTransaction, workTransactionFor } from "./db/work-transaction.ts";
+import { type DeadLetterErrorClass, deadLetters, LAST_ERROR_MAX } from "./db/schema.ts";
+import {
+  decideDeadLetter,
+  type RunInWorkTransaction,
+  WorkNotStartedError,
+  workTransactionFor,
+} from "./db/work-transaction.ts";
 import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
 import type { BoundConsumer, Delivery, DeliveryOutcome, DeliveryResult } from "./queue-port.ts";
-import { type RetryPolicy, resolveRetryPolicy, retryDelayMs } from "./retry.ts";
+import { deferralDelayMs, type RetryPolicy, resolveRetryPolicy, retryDelayMs } from "./retry.ts";
 
 // biome-ignore lint/suspicious/noExplicitAny: any Drizzle Postgres database (postgres.js, PGlite, ...) with any schema.
 export type AnyPgDatabase = PgDatabase<PgQueryResultHKT, any, any>;
@@ -41,7 +46,16 @@ export interface HandlerContext {
    * transaction, so only the provider can de-duplicate them.
    */
   readonly idempotencyKey: string;
+  /**
+   * Fires when the run passes the consumer's `timeoutMs`: pass it to outbound
+   * calls (`fetch(url, { signal })`). By then the transaction is rolled back
+   * and its connection destroyed; nothing written through `tx` afterwards runs.
+   */
+  readonly signal: AbortSignal;
 }
+
+/** Default bound on one handler run; below the in-process adapter's default visibility timeout (30 s). */
+export const DEFAULT_HANDLER_TIMEOUT_MS = 25_000;
 
 export interface ConsumerDefinition<TSchema extends z.ZodType> {
   /** Unique, stable name: it is the fence's `consumer` column, so renaming it re-runs every job. */
@@ -63,11 +77,21 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    * lock taken before the fence), live and replayed alike. @default none
    */
   readonly orderingKey?: (data: z.output<TSchema>, envelope: Envelope) => string;
+  /**
+   * Bound on one run of the handler, in ms. On timeout the handler's `signal`
+   * fires, the transaction is rolled back, its connection destroyed, and the
+   * job is retried as a transient failure. Must be shorter than the
+   * transport's visibility timeout / lease, so a run is never still going when
+   * the message comes back (adapters check this when the consumer is bound).
+   * @default DEFAULT_HANDLER_TIMEOUT_MS (25 s)
+   */
+  readonly timeoutMs?: number;
 }
 
 export interface Consumer<TSchema extends z.ZodType = z.ZodType> extends ConsumerDefinition<TSchema> {
   readonly kinds: ReadonlySet<string>;
   readonly retryPolicy: RetryPolicy;
+  readonly timeoutMs: number;
 }
 
 const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$/;
@@ -101,8 +125,13 @@ export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDe
   if (definition.maxAgeMs !== undefined && !(Number.isFinite(definition.maxAgeMs) && definition.maxAgeMs > 0)) {
     throw new InvalidConfigError(`${owner}: maxAgeMs must be a positive number of milliseconds`);
   }
+  const timeoutMs = definition.timeoutMs ?? DEFAULT_HANDLER_TIMEOUT_MS;
+  if (!(Number.isFinite(timeoutMs) && timeoutMs >= 1 && timeoutMs <= 12 * 3_600_000)) {
+    throw new InvalidConfigError(`${owner}: timeoutMs must be a number of milliseconds from 1 to 43200000 (12 h)`);
+  }
   return Object.freeze({
     ...definition,
+    timeoutMs,
     kinds: new Set(kindList),
     retryPolicy: resolveRetryPolicy(definition.retry, owner),
   });
@@ -122,6 +151,12 @@ export interface HarnessDeps {
   readonly random?: () => number;
   /** Current time in ms since the epoch, for `maxAgeMs`. @default Date.now */
   readonly now?: () => number;
+  /**
+   * Pipeline BEGIN, lock and fence (postgres.js only). Turn off behind a
+   * pooler that wedges on pipelined queries (Supavisor in transaction mode).
+   * @default true
+   */
+  readonly pipeline?: boolean;
 }
 
 /** Binds a consumer to its database and ports; the result is what a transport adapter delivers to. */
@@ -137,6 +172,23 @@ type DeadLetterInput = {
   envelope: Partial<Record<"job_id" | "tenant_id" | "correlation_id" | "kind", string>>;
 };
 
+/** What writing a dead letter returned: its id, whether it is new (alert) or one more occurrence, and what was stored. */
+interface DeadLetterWrite {
+  readonly id: string;
+  readonly inserted: boolean;
+  readonly row: {
+    readonly jobId: string | null;
+    readonly tenantId: string | null;
+    readonly kind: string | null;
+    readonly correlationId: string | null;
+  };
+  readonly error: string;
+}
+
+/** Deferral of a delivery whose handler never started: from about a second, doubling, up to 5 minutes. */
+const NOT_STARTED_BASE_MS = 1_000;
+const NOT_STARTED_CAP_MS = 300_000;
+
 /** The payload as stored in a dead letter, plus what JSON it held (if any). */
 interface ReceivedPayload {
   text: string;
@@ -150,6 +202,7 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
 class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly name: string;
   readonly queue: string;
+  readonly timeoutMs: number;
   readonly #consumer: Consumer<TSchema>;
   readonly #db: AnyPgDatabase;
   readonly #runInWorkTransaction: RunInWorkTransaction;
@@ -166,8 +219,9 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#consumer = consumer;
     this.name = consumer.name;
     this.queue = consumer.queue;
+    this.timeoutMs = consumer.timeoutMs;
     this.#db = deps.db;
-    this.#runInWorkTransaction = workTransactionFor(deps.db);
+    this.#runInWorkTransaction = workTransactionFor(deps.db, { pipeline: deps.pipeline !== false });
     this.#alerts = deps.alerts ?? noopAlerts;
     this.#metrics = deps.metrics ?? noopMetrics;
     this.#logger = deps.logger ?? consoleLogger;
@@ -237,20 +291,37 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
     // 2. Fence + work in one transaction.
     const started = performance.now();
-    let ran: boolean;
+    let ran: Awaited<ReturnType<RunInWorkTransaction>>;
     try {
       // The consumer name prefixes the ordering key ("|" cannot occur in a
       // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
       const lockKey = consumer.orderingKey
         ? `${consumer.name}|${consumer.orderingKey(parsed.data, envelope).replaceAll("\u0000", "")}`
         : undefined;
-      ran = await this.#runInWorkTransaction({ jobId: envelope.job_id, consumer: consumer.name, lockKey }, (tx) =>
-        consumer.handle(parsed.data, new Context(tx, envelope, attempt, consumer.name)),
+      ran = await this.#runInWorkTransaction(
+        { jobId: envelope.job_id, consumer: consumer.name, lockKey, timeoutMs: consumer.timeoutMs },
+        (tx, signal) => consumer.handle(parsed.data, new Context(tx, envelope, attempt, consumer.name, signal)),
       );
     } catch (thrown) {
+      const duration = performance.now() - started;
+      if (thrown instanceof WorkNotStartedError) {
+        // The handler never ran (no connection, BEGIN, lock or fence failed):
+        // no attempt is spent, so a database outage never exhausts a job.
+        this.#metrics.handlerDuration(duration, this.#attributes("deferred"));
+        return this.#finish("deferred", {
+          outcome: "deferred",
+          ack: false,
+          retryAfterMs: deferralDelayMs(
+            delivery.deferrals ?? 0,
+            { baseMs: NOT_STARTED_BASE_MS, capMs: NOT_STARTED_CAP_MS },
+            this.#random,
+          ),
+          spendsAttempt: false,
+          error: describeError(thrown),
+        });
+      }
       // 4. The transaction rolled back: no fence, no effect.
       const failure = classifyFailure(thrown);
-      const duration = performance.now() - started;
       if (failure.failureClass === "rate_limited") {
         const retryAfterMs = failure.retryAfterMs ?? retryDelayMs(policy, 1, this.#random);
         this.#metrics.handlerDuration(duration, this.#attributes("rate_limited"));
@@ -267,7 +338,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         this.#attributes(failure.failureClass === "permanent" ? "dead_lettered" : "retry"),
       );
       if (failure.failureClass === "permanent" || attempt >= policy.maxAttempts) {
-        // The fence check covers a COMMIT whose outcome was lost with the connection.
+        // Serialised with any other delivery of the job: one still committing
+        // makes this a duplicate, never a letter beside a fence.
         return this.#deadLetterUnlessCommitted({
           errorClass: failure.failureClass === "permanent" ? "permanent" : "exhausted",
           attempts: attempt,
@@ -284,9 +356,21 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         error: failure.message,
       });
     }
+    const duration = performance.now() - started;
+    if (ran.status === "dead_lettered") {
+      // A concurrent delivery dead-lettered the job while this one ran: the
+      // work was rolled back, the letter stands.
+      this.#metrics.handlerDuration(duration, this.#attributes("dead_lettered"));
+      return this.#finish("dead_lettered", {
+        outcome: "dead_lettered",
+        ack: true,
+        deadLetterId: ran.deadLetterId,
+        errorClass: ran.errorClass,
+      });
+    }
     // 3. Duplicate: acknowledged silently, counted.
-    const outcome = ran ? "success" : "duplicate";
-    this.#metrics.handlerDuration(performance.now() - started, this.#attributes(outcome));
+    const outcome = ran.status === "committed" ? "success" : "duplicate";
+    this.#metrics.handlerDuration(duration, this.#attributes(outcome));
     return this.#finish(outcome, { outcome, ack: true });
   }
 
@@ -300,24 +384,23 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   }
 
   /**
-   * For dead letters decided without running the handler: a job whose fence
-   * exists already committed (its ack was lost), so it is a duplicate. If even
-   * that check fails, the delivery is not acknowledged.
+   * For dead letters of jobs that may have a fence: decided under the fence
+   * key (`decideDeadLetter`), so a job whose fence exists or is being
+   * committed right now is a duplicate (its ack was lost, or another delivery
+   * is finishing it), and a letter is never written beside a fence. If the
+   * decision fails, the delivery is not acknowledged.
    */
   async #deadLetterUnlessCommitted(input: DeadLetterInput & { envelope: Envelope }): Promise<DeliveryResult> {
-    let committed: boolean;
+    let decided: Awaited<ReturnType<typeof decideDeadLetter<DeadLetterWrite>>>;
     try {
-      const rows = await this.#db
-        .select({ jobId: processedJobs.jobId })
-        .from(processedJobs)
-        .where(and(eq(processedJobs.jobId, input.envelope.job_id), eq(processedJobs.consumer, this.name)))
-        .limit(1);
-      committed = rows.length > 0;
+      decided = await decideDeadLetter(this.#db, { jobId: input.envelope.job_id, consumer: this.name }, (tx) =>
+        this.#writeDeadLetter(input, tx),
+      );
     } catch (thrown) {
-      return this.#deadLetterFailed(`fence check before dead-lettering failed: ${describeError(thrown)}`, input);
+      return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
     }
-    if (committed) return this.#finish("duplicate", { outcome: "duplicate", ack: true });
-    return this.#deadLetter(input);
+    if (decided.status === "duplicate") return this.#finish("duplicate", { outcome: "duplicate", ack: true });
+    return this.#afterDeadLetter(input, decided.value);
   }
 
   #deadLetterFailed(message: string, input: DeadLetterInput): DeliveryResult {
@@ -339,7 +422,17 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
    * dead letter that was not written is a job that must come back.
    */
   async #deadLetter(input: DeadLetterInput): Promise<DeliveryResult> {
-    const outcome = input.errorClass === "poison" ? "poison" : "dead_lettered";
+    let written: DeadLetterWrite;
+    try {
+      written = await this.#writeDeadLetter(input, this.#db);
+    } catch (thrown) {
+      return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
+    }
+    return this.#afterDeadLetter(input, written);
+  }
+
+  /** Inserts the row (or counts one more occurrence of the pending one); throws when it cannot. */
+  async #writeDeadLetter(input: DeadLetterInput, executor: AnyPgDatabase | WorkTransaction): Promise<DeadLetterWrite> {
     const error = boundedText(input.error, LAST_ERROR_MAX) ?? "unknown error";
     const jobId = boundedText(input.envelope.job_id, ENVELOPE_FIELD_MAX);
     const row = {
@@ -356,32 +449,33 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       correlationId: boundedText(input.envelope.correlation_id, ENVELOPE_FIELD_MAX),
       kind: boundedText(input.envelope.kind, ENVELOPE_FIELD_MAX),
     };
-    let written: { id: string; inserted: boolean } | undefined;
-    try {
-      // At most one pending_review row per (job, consumer): a second failure of
-      // the same job while it waits for review updates that row's evidence.
-      [written] = await this.#db
-        .insert(deadLetters)
-        .values(row)
-        .onConflictDoUpdate({
-          target: [deadLetters.jobId, deadLetters.consumer],
-          targetWhere: sql`status = 'pending_review'`,
-          set: {
-            occurrences: sql`${deadLetters.occurrences} + 1`,
-            lastSeenAt: sql`now()`,
-            lastError: sql`excluded.last_error`,
-            attempts: sql`excluded.attempts`,
-          },
-        })
-        .returning({ id: deadLetters.id, inserted: sql<boolean>`(xmax = 0)` });
-    } catch (thrown) {
-      return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
-    }
+    // At most one pending_review row per (job, consumer): a second failure of
+    // the same job while it waits for review updates that row's evidence.
+    const [written] = await executor
+      .insert(deadLetters)
+      .values(row)
+      .onConflictDoUpdate({
+        target: [deadLetters.jobId, deadLetters.consumer],
+        targetWhere: sql`status = 'pending_review'`,
+        set: {
+          occurrences: sql`${deadLetters.occurrences} + 1`,
+          lastSeenAt: sql`now()`,
+          lastError: sql`excluded.last_error`,
+          attempts: sql`excluded.attempts`,
+        },
+      })
+      .returning({ id: deadLetters.id, inserted: sql<boolean>`(xmax = 0)` });
     if (!written) throw new Error("dead letter insert returned no row"); // unreachable: upsert always returns one
+    return { ...written, row, error };
+  }
+
+  #afterDeadLetter(input: DeadLetterInput, written: DeadLetterWrite): DeliveryResult {
+    const outcome = input.errorClass === "poison" ? "poison" : "dead_lettered";
+    const { row, error } = written;
     if (written.inserted) {
       this.#alert({
         deadLetterId: written.id,
-        jobId,
+        jobId: row.jobId,
         queue: this.queue,
         consumer: this.name,
         tenantId: row.tenantId,
@@ -416,6 +510,7 @@ class Context implements HandlerContext {
     readonly envelope: Envelope,
     readonly attempt: number,
     private readonly consumerName: string,
+    readonly signal: AbortSignal,
   ) {}
 
   // Computed on first use: most handlers never call an external provider.

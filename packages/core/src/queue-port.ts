@@ -51,6 +51,12 @@ export interface Delivery {
   readonly messageId?: string | undefined;
   /** Set when the message was published for one consumer only (`PublishOptions.targetConsumer`). */
   readonly targetConsumer?: string | undefined;
+  /**
+   * How many earlier deliveries of this message to this consumer were
+   * deferred without spending an attempt (`rate_limited`, `deferred`), so
+   * the next wait can grow. @default 0
+   */
+  readonly deferrals?: number | undefined;
 }
 
 /**
@@ -65,6 +71,8 @@ export interface Delivery {
  * - `skipped`: the message was addressed to another consumer of the queue;
  * - `retry`: a transient failure, the attempt was spent;
  * - `rate_limited`: a rate limit said wait; the attempt was not spent;
+ * - `deferred`: the handler never started (database unreachable, BEGIN, lock
+ *   or fence failed); the attempt was not spent;
  * - `dead_lettered`: exhausted, permanent or expired, a dead letter was written;
  * - `poison`: the payload is invalid, a dead letter was written with zero retries;
  * - `dead_letter_failed`: the dead letter could not be written; the message
@@ -79,7 +87,7 @@ export type DeliveryResult =
       readonly errorClass: string;
     }
   | {
-      readonly outcome: "retry" | "rate_limited";
+      readonly outcome: "retry" | "rate_limited" | "deferred";
       readonly ack: false;
       readonly retryAfterMs: number;
       /** False for `rate_limited`: the next delivery must not count as a new attempt. */
@@ -94,5 +102,7 @@ export type DeliveryOutcome = DeliveryResult["outcome"];
 export interface BoundConsumer {
   readonly name: string;
   readonly queue: string;
+  /** The bound on one handler run (ms); adapters refuse a visibility timeout / lease that is not longer. */
+  readonly timeoutMs?: number;
   deliver(delivery: Delivery): Promise<DeliveryResult>;
 }

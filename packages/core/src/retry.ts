@@ -73,3 +73,22 @@ export function maxRetryWindowMs(policy: RetryPolicy): number {
   }
   return total;
 }
+
+/**
+ * Wait before a delivery that spent no attempt comes back (rate limited, or
+ * the handler never started), growing with the deferrals before it: equal
+ * jitter in [e/2, e] with e = min(cap, base·2^deferrals). A provider's
+ * Retry-After is honoured when given, but never below `floorMs`, so
+ * `Retry-After: 0` cannot make a hot loop.
+ */
+export function deferralDelayMs(
+  deferrals: number,
+  options: { baseMs: number; capMs: number; floorMs?: number; retryAfterMs?: number | undefined },
+  random: () => number = Math.random,
+): number {
+  const floor = options.floorMs ?? 1_000;
+  if (options.retryAfterMs !== undefined) return Math.max(floor, options.retryAfterMs);
+  const n = Number.isInteger(deferrals) && deferrals > 0 ? Math.min(deferrals, 40) : 0;
+  const ceiling = Math.min(options.capMs, options.baseMs * 2 ** n);
+  return Math.max(floor, Math.floor(ceiling / 2 + random() * (ceiling / 2)));
+}

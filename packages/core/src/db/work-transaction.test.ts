@@ -62,9 +62,9 @@ describe.each(drivers)("work transaction on %s", (_name, connect) => {
         .insert(effects)
         .values({ jobId, consumer: "c", amount: 1 })
         .then(() => {});
-    expect(await run({ jobId, consumer: "c" }, work)).toBe(true);
-    expect(await run({ jobId, consumer: "c" }, work)).toBe(false);
-    expect(await run({ jobId, consumer: "other" }, work)).toBe(true); // the fence is per consumer
+    expect(await run({ jobId, consumer: "c" }, work)).toEqual({ status: "committed" });
+    expect(await run({ jobId, consumer: "c" }, work)).toEqual({ status: "duplicate" });
+    expect(await run({ jobId, consumer: "other" }, work)).toEqual({ status: "committed" }); // the fence is per consumer
     expect(await counts()).toEqual({ fences: 2, effects: 2 });
   });
 
@@ -79,7 +79,7 @@ describe.each(drivers)("work transaction on %s", (_name, connect) => {
     ).rejects.toThrow("boom");
     expect(await counts()).toEqual({ fences: 0, effects: 0 });
     // The connection is usable again afterwards (the transaction was closed).
-    expect(await run({ jobId, consumer: "c" }, async () => {})).toBe(true);
+    expect(await run({ jobId, consumer: "c" }, async () => {})).toEqual({ status: "committed" });
   });
 
   test("a failing statement in the work rolls back and surfaces the database error", async () => {
@@ -103,7 +103,7 @@ describe.each(drivers)("work transaction on %s", (_name, connect) => {
         }),
       ),
     );
-    expect(results.filter(Boolean)).toHaveLength(1);
+    expect(results.filter((r) => r.status === "committed")).toHaveLength(1);
     expect(ran).toBe(1);
     expect(await counts()).toEqual({ fences: 1, effects: 1 });
   });
@@ -183,7 +183,7 @@ test("a postgres.js client created with prepare: false gets no prepared statemen
       }[];
       expect(row?.n).toBe(0);
     }),
-  ).toBe(true);
+  ).toEqual({ status: "committed" });
 });
 
 test("with postgres.js the fence and the handler's queries are server-prepared", async () => {

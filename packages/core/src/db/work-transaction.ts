@@ -1,66 +1,241 @@
 /**
- * Opens the work transaction, writes the fence in it, and runs the handler's
- * work in the same transaction only when the fence is new.
+ * Opens the work transaction, writes the fence in it, runs the handler's work
+ * in the same transaction only when the fence is new, and proves the commit.
  *
  * Two ways to do that, same semantics:
- * - any Drizzle Postgres driver: `db.transaction()` and the fence through the
- *   query builder;
+ * - any Drizzle Postgres driver: `db.transaction()` and the same statements
+ *   through `tx.execute`;
  * - postgres.js (production): the harness opens the transaction itself on a
  *   reserved connection, so that BEGIN, the ordering lock and the fence insert
  *   go out in one pipelined round trip, as server-prepared statements; the
  *   handler gets a Drizzle transaction on that connection whose queries are
  *   prepared too, as postgres.js does by default (Drizzle prepares only named
- *   queries). See docs/adr/0002-work-transaction-on-postgres-js.md for why and
- *   what it relies on.
+ *   queries). See docs/adr/0002-work-transaction-on-postgres-js.md.
+ *
+ * What it concludes, and from what (SPEC §4):
+ * - the state of the connection is known only from the connection itself:
+ *   after any failure it sends ROLLBACK and reads the answer; a connection
+ *   that does not answer, or whose transaction state cannot be known, is
+ *   destroyed, never released. The handler's error is never read for this.
+ * - `committed` needs the same transaction (same transaction id, still open)
+ *   seen right before COMMIT, and COMMIT answering `COMMIT`. postgres.js is
+ *   patched (patches/postgres@3.4.9.patch) so that a reservation whose socket
+ *   closed refuses every later query instead of running it on a reconnected
+ *   session.
+ * - a job that has a `pending_review` dead letter is never committed: the
+ *   dead-letter decision holds the fence key while it writes the letter
+ *   (`decideDeadLetter`), and the work transaction looks for a pending letter
+ *   after its own work, right before COMMIT.
  */
 import { is, sql } from "drizzle-orm";
 import type { PgDialect } from "drizzle-orm/pg-core";
 import { PostgresJsSession, PostgresJsTransaction } from "drizzle-orm/postgres-js/session";
 import type { AnyPgDatabase, WorkTransaction } from "../consumer.ts";
-import { processedJobs } from "./schema.ts";
 
 export interface FenceTarget {
   readonly jobId: string;
   readonly consumer: string;
   /** Serialise on this key (transaction-scoped advisory lock) before the fence. */
   readonly lockKey?: string | undefined;
+  /**
+   * Bound on the handler's run, in ms: the work gets an AbortSignal that fires
+   * then, the transaction is abandoned and its connection destroyed; the same
+   * bound is set on the server (`statement_timeout`, `idle_in_transaction_session_timeout`).
+   */
+  readonly timeoutMs?: number;
 }
 
-/** Resolves true when the fence was new and `work` ran and committed; false for a duplicate (nothing ran). */
+/** Used when a target names no `timeoutMs`. */
+const DEFAULT_TIMEOUT_MS = 25_000;
+
+export type WorkOutcome =
+  /** The fence was new, the work ran, and the commit is proven. */
+  | { readonly status: "committed" }
+  /** The fence already existed: nothing ran. */
+  | { readonly status: "duplicate" }
+  /** The job has a pending dead letter (written by a concurrent delivery): nothing was committed. */
+  | { readonly status: "dead_lettered"; readonly deadLetterId: string; readonly errorClass: string };
+
 export type RunInWorkTransaction = (
   target: FenceTarget,
-  work: (tx: WorkTransaction) => Promise<void>,
-) => Promise<boolean>;
+  work: (tx: WorkTransaction, signal: AbortSignal) => Promise<void>,
+) => Promise<WorkOutcome>;
 
-export function workTransactionFor(db: AnyPgDatabase): RunInWorkTransaction {
-  return pipelinedPostgresJs(db) ?? viaDrizzleTransaction(db);
+export interface WorkTransactionOptions {
+  /**
+   * Send BEGIN, lock and fence (and the commit check and COMMIT) without
+   * waiting for each answer. Turn off behind poolers that cannot take
+   * pipelined queries (Supavisor in transaction mode, porsager/postgres #970). @default true
+   */
+  readonly pipeline?: boolean;
+}
+
+/** Thrown when the handler never started: no connection, BEGIN, lock or fence failed. No attempt was spent. */
+export class WorkNotStartedError extends Error {
+  constructor(cause: unknown) {
+    super(`the handler did not start: ${cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause)}`, {
+      cause,
+    });
+    this.name = "WorkNotStartedError";
+  }
+}
+
+/** The handler ran past its `timeoutMs`; its transaction was abandoned. Transient: the job is retried. */
+export class HandlerTimeoutError extends Error {
+  constructor(timeoutMs: number) {
+    super(`the handler did not finish within timeoutMs (${timeoutMs} ms); its transaction was rolled back`);
+    this.name = "HandlerTimeoutError";
+  }
+}
+
+/** The commit could not be proven to be this job's transaction; it is treated as a failure (the fence decides later). */
+export class UnprovenCommitError extends Error {
+  constructor(reason: string) {
+    super(`the work transaction's commit is not proven: ${reason}`);
+    this.name = "UnprovenCommitError";
+  }
+}
+
+export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOptions = {}): RunInWorkTransaction {
+  return pipelinedPostgresJs(db, options.pipeline !== false) ?? viaDrizzleTransaction(db);
 }
 
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
-const FENCE_SQL =
-  "insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing returning 1";
+/**
+ * The fence, the server-side time bounds for the rest of the transaction, and
+ * the transaction id the commit check compares against.
+ */
+const FENCE_SQL = `with fence as (
+  insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing returning 1
+)
+select (select count(*)::int from fence) as inserted, txid_current()::text as xid,
+  set_config('statement_timeout', $3, true) as st, set_config('idle_in_transaction_session_timeout', $3, true) as it`;
+/**
+ * Right before COMMIT, pipelined with it: still the same open transaction?
+ * And when a dead letter for the job is pending, the statement fails on
+ * purpose (22012: a division by zero that depends on the row, so the planner
+ * cannot fold it, done outside the locked subquery, so it sees the row as the
+ * lock left it), which aborts the
+ * transaction, so the COMMIT already on its way answers ROLLBACK. FOR SHARE
+ * waits for a replay that is changing the letter's status right now (it
+ * publishes before it commits) and then reads the status it committed.
+ */
+const CHECK_SQL = `select txid_current_if_assigned()::text as xid,
+  1 / (select attempts * 0 from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1 for share) as no_letter`;
+const PENDING_LETTER_FAILS = "22012";
+const LETTER_SQL =
+  "select id::text as letter_id, error_class as letter_class from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1";
+
+interface FenceRow {
+  inserted: number;
+  xid: string;
+}
+interface CheckRow {
+  xid: string | null;
+  letter_id: string | null;
+  letter_class: string | null;
+}
+
+/** Milliseconds as a Postgres duration setting; at least 1 ms (0 would mean "no limit"). */
+function serverTimeout(timeoutMs: number): string {
+  return `${Math.max(1, Math.ceil(timeoutMs))}ms`;
+}
+
+/** Judges the commit check: same transaction still open, no pending letter. */
+function judgeCheck(check: CheckRow | undefined, xid: string): WorkOutcome | "commit" {
+  if (!check) throw new UnprovenCommitError("the check before COMMIT returned no row");
+  if (check.xid !== xid) {
+    throw new UnprovenCommitError(
+      check.xid === null
+        ? "no transaction was open on the connection before COMMIT (the handler ended it, or the session changed)"
+        : "another transaction was open on the connection before COMMIT (the handler ended ours, or the session changed)",
+    );
+  }
+  if (check.letter_id !== null) {
+    return { status: "dead_lettered", deadLetterId: check.letter_id, errorClass: check.letter_class ?? "unknown" };
+  }
+  return "commit";
+}
+
+/** Runs `work` with an AbortSignal that fires after `timeoutMs`; rejects with HandlerTimeoutError then. */
+async function bounded(
+  timeoutMs: number,
+  work: (signal: AbortSignal) => Promise<void>,
+  onTimeout: () => void,
+): Promise<void> {
+  const controller = new AbortController();
+  let timer: NodeJS.Timeout | undefined;
+  const timedOut = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      const error = new HandlerTimeoutError(timeoutMs);
+      controller.abort(error);
+      onTimeout();
+      reject(error);
+    }, timeoutMs);
+  });
+  try {
+    await Promise.race([work(controller.signal), timedOut]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
 
 function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
-  return (target, work) =>
-    db.transaction(async (tx) => {
-      if (target.lockKey !== undefined) {
-        await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(${target.lockKey}, 0))`);
-      }
-      // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
-      // and then sees the conflict: two parallel deliveries give one effect.
-      const fence = await tx
-        .insert(processedJobs)
-        .values({ jobId: target.jobId, consumer: target.consumer })
-        .onConflictDoNothing()
-        .returning({ jobId: processedJobs.jobId });
-      if (fence.length === 0) return false;
-      await work(tx);
-      // Some drivers COMMIT an aborted transaction as a silent ROLLBACK: if the
-      // handler caught the error of a failed statement, this raises instead
-      // (25P02), so the job is retried rather than acknowledged with nothing done.
-      await tx.execute(sql`select 1`);
-      return true;
-    });
+  return async (target, work) => {
+    let started = false;
+    let letter: WorkOutcome | undefined;
+    try {
+      return await db.transaction(async (tx) => {
+        if (target.lockKey !== undefined) {
+          await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(${target.lockKey}, 0))`);
+        }
+        // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
+        // and then sees the conflict: two parallel deliveries give one effect.
+        const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+        const [fence] = rowsOf<FenceRow>(
+          await tx.execute(sql`with fence as (
+  insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing returning 1
+)
+select (select count(*)::int from fence) as inserted, txid_current()::text as xid,
+  set_config('statement_timeout', ${timeout}, true) as st, set_config('idle_in_transaction_session_timeout', ${timeout}, true) as it`),
+        );
+        if (!fence || fence.inserted === 0) return { status: "duplicate" } as const;
+        started = true;
+        await bounded(target.timeoutMs ?? DEFAULT_TIMEOUT_MS, (signal) => work(tx, signal), noop);
+        // Also raises on an aborted transaction (25P02): if the handler caught
+        // the error of a failed statement, the job is retried rather than
+        // acknowledged with nothing done.
+        const [check] = rowsOf<CheckRow>(
+          await tx.execute(sql`select txid_current_if_assigned()::text as xid, l.id::text as letter_id, l.error_class as letter_class
+  from (select 1) as one left join lateral (
+    select id, error_class from core.dead_letters
+    where job_id = ${target.jobId} and consumer = ${target.consumer} and status = 'pending_review' limit 1 for share
+  ) as l on true`),
+        );
+        const verdict = judgeCheck(check, fence.xid);
+        if (verdict !== "commit") {
+          // The job belongs to its dead letter: roll back the work.
+          letter = verdict;
+          throw ROLL_BACK;
+        }
+        return { status: "committed" } as const;
+      });
+    } catch (error) {
+      if (error === ROLL_BACK && letter) return letter;
+      if (!started) throw new WorkNotStartedError(error);
+      throw error;
+    }
+  };
+}
+
+const ROLL_BACK = new Error("rolled back: the job has a pending dead letter");
+const noop = () => {};
+
+/** Rows of a `tx.execute` result, whichever driver made it (postgres.js: an array; node-postgres/PGlite: `.rows`). */
+function rowsOf<T>(result: unknown): T[] {
+  if (Array.isArray(result)) return result as T[];
+  const rows = (result as { rows?: unknown })?.rows;
+  return Array.isArray(rows) ? (rows as T[]) : [];
 }
 
 /** The parts of a postgres.js client this uses. */
@@ -72,6 +247,8 @@ type Rows = unknown[] & { command?: string };
 interface ReservedClient {
   unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows>;
   release(): void;
+  /** From patches/postgres@3.4.9.patch: destroys the connection (its socket), failing every query in flight. */
+  terminate?: () => void;
 }
 
 /** Drizzle's internals this path needs: present on every PgDatabase at run time, not in its public types. */
@@ -81,16 +258,10 @@ interface DrizzleInternals {
   readonly $client?: unknown;
 }
 
-/** postgres.js errors that mean the connection is gone: nothing more can be sent on it. */
-const CONNECTION_GONE = new Set([
-  "CONNECTION_CLOSED",
-  "CONNECTION_DESTROYED",
-  "CONNECTION_ENDED",
-  "ECONNRESET",
-  "EPIPE",
-]);
+/** How long ROLLBACK may take before the connection is destroyed instead. */
+const ROLLBACK_WAIT_MS = 5_000;
 
-function pipelinedPostgresJs(db: AnyPgDatabase): RunInWorkTransaction | undefined {
+function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTransaction | undefined {
   const internals = db as unknown as DrizzleInternals;
   if (!is(internals.session, PostgresJsSession)) return undefined;
   const client = internals.$client as PgClient | undefined;
@@ -107,44 +278,187 @@ function pipelinedPostgresJs(db: AnyPgDatabase): RunInWorkTransaction | undefine
     ...args: AnyArgs
   ) => PostgresJsSession<never, never, never>;
 
-  return async (target, work) => {
-    const conn = await client.reserve();
-    let open = false;
-    try {
-      // Sent together without waiting: postgres.js pipelines them on the connection.
-      const begin = conn.unsafe("begin");
-      const lock = target.lockKey === undefined ? undefined : conn.unsafe(LOCK_SQL, [target.lockKey], { prepare });
-      const fence = conn.unsafe(FENCE_SQL, [target.jobId, target.consumer], { prepare });
-      // Settle all three before deciding, so no rejection is left unhandled.
-      const [began, locked, fenced] = await Promise.allSettled([begin, lock, fence]);
-      if (began.status === "fulfilled") open = true;
-      for (const settled of [began, locked, fenced]) if (settled.status === "rejected") throw settled.reason;
-      const inserted = fenced.status === "fulfilled" && fenced.value.length > 0;
-      if (inserted) {
-        const txSession = new Session(sessionClient(conn), dialect, schema, sessionOptions);
-        await work(new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction);
+  /** Sends the statements one after another (pipeline off) or all at once, and settles them all. */
+  async function send(
+    conn: ReservedClient,
+    statements: readonly (readonly [string, (readonly unknown[])?])[],
+    endsTransaction = false,
+  ): Promise<PromiseSettledResult<Rows>[]> {
+    if (pipeline) {
+      return Promise.allSettled(
+        statements.map(([text, params]) =>
+          conn.unsafe(text, params ? [...params] : [], params ? { prepare } : undefined),
+        ),
+      );
+    }
+    const settled: PromiseSettledResult<Rows>[] = [];
+    for (const [text, params] of statements) {
+      // After a failure the rest would only fail too ("transaction is aborted"),
+      // or worse run outside the transaction; only a closing COMMIT still goes.
+      const closing = endsTransaction && settled.length === statements.length - 1;
+      if (!closing && settled.some((s) => s.status === "rejected")) {
+        settled.push({ status: "rejected", reason: new Error("not sent: an earlier statement failed") });
+        continue;
       }
-      const committed = await conn.unsafe("commit");
-      open = false;
+      try {
+        settled.push({
+          status: "fulfilled",
+          value: await conn.unsafe(text, params ? [...params] : [], params ? { prepare } : undefined),
+        });
+      } catch (reason) {
+        settled.push({ status: "rejected", reason });
+      }
+    }
+    return settled;
+  }
+
+  /**
+   * Ends the reservation. A connection goes back to the pool only when its
+   * own answer to ROLLBACK says no transaction is left open on it.
+   */
+  async function finish(conn: ReservedClient, state: "idle" | "rollback" | "destroy"): Promise<void> {
+    if (state === "rollback") {
+      let timer: NodeJS.Timeout | undefined;
+      const answered = await Promise.race([
+        conn.unsafe("rollback").then(
+          (rows) => rows.command === "ROLLBACK",
+          () => false,
+        ),
+        new Promise<false>((resolve) => {
+          timer = setTimeout(() => resolve(false), ROLLBACK_WAIT_MS);
+        }),
+      ]);
+      clearTimeout(timer);
+      state = answered ? "idle" : "destroy";
+    }
+    if (state === "destroy") destroy(conn);
+    else conn.release();
+  }
+
+  return async (target, work) => {
+    let conn: ReservedClient;
+    try {
+      conn = await client.reserve();
+    } catch (error) {
+      throw new WorkNotStartedError(error);
+    }
+    let state: "idle" | "rollback" | "destroy" = "rollback";
+    try {
+      let fenceRow: FenceRow | undefined;
+      try {
+        const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+        const settled = await send(conn, [
+          ["begin"],
+          ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
+          [FENCE_SQL, [target.jobId, target.consumer, timeout]],
+        ]);
+        for (const s of settled) if (s.status === "rejected") throw s.reason;
+        const last = settled[settled.length - 1];
+        fenceRow = (last?.status === "fulfilled" ? last.value[0] : undefined) as FenceRow | undefined;
+        if (!fenceRow) throw new Error("the fence insert returned no row");
+      } catch (error) {
+        throw new WorkNotStartedError(error);
+      }
+      if (fenceRow.inserted === 0) {
+        // Duplicate: nothing was written; COMMIT would do as well as ROLLBACK.
+        return { status: "duplicate" };
+      }
+
+      const txSession = new Session(sessionClient(conn), dialect, schema, sessionOptions);
+      const tx = new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction;
+      await bounded(
+        target.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+        (signal) => work(tx, signal),
+        () => {
+          // The handler may still be running and sending on this connection:
+          // destroy it now, so nothing it sends later can run anywhere.
+          state = "destroy";
+          destroy(conn);
+        },
+      );
+
+      const [checked, committed] = await send(conn, [[CHECK_SQL, [target.jobId, target.consumer]], ["commit"]], true);
+      if (committed?.status === "rejected") {
+        // A lost COMMIT reply: the job may or may not have committed. Not a
+        // success; the retry finds the fence if it did.
+        state = "destroy";
+        throw committed.reason;
+      }
+      if (checked?.status === "rejected") {
+        // The transaction was aborted by the failed check; COMMIT ended it.
+        state = "idle";
+        if ((checked.reason as { code?: unknown })?.code === PENDING_LETTER_FAILS) {
+          const [found] = (await conn.unsafe(LETTER_SQL, [target.jobId, target.consumer])) as unknown as CheckRow[];
+          if (found?.letter_id) {
+            return {
+              status: "dead_lettered",
+              deadLetterId: found.letter_id,
+              errorClass: found.letter_class ?? "unknown",
+            };
+          }
+        }
+        throw checked.reason;
+      }
+      const check = (checked?.value as unknown as CheckRow[] | undefined)?.[0];
+      if (check?.xid !== fenceRow.xid) {
+        // COMMIT went to no transaction or to one that is not ours.
+        state = "destroy";
+        judgeCheck(check, fenceRow.xid);
+      }
+      state = "idle";
       // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
       // error: a statement failed and the handler caught its error. Nothing
       // was written, so the job must not be acknowledged as done.
-      if (committed.command !== "COMMIT") {
+      if ((committed?.value as Rows | undefined)?.command !== "COMMIT") {
         throw new Error(
           "the work transaction was rolled back: a statement failed inside it and the handler caught its error",
         );
       }
-      return inserted;
-    } catch (error) {
-      const code = (error as { code?: unknown })?.code;
-      if (open && !(typeof code === "string" && CONNECTION_GONE.has(code))) {
-        await conn.unsafe("rollback").catch(() => {});
-      }
-      throw error;
+      return { status: "committed" };
     } finally {
-      conn.release();
+      await finish(conn, state);
     }
   };
+}
+
+function destroy(conn: ReservedClient): void {
+  if (typeof conn.terminate === "function") {
+    conn.terminate();
+    return;
+  }
+  // Unpatched postgres.js has no way to destroy one reserved connection:
+  // the session ends itself (the server closes the socket, the pool
+  // reconnects that connection later). Never released with a transaction open.
+  conn.unsafe("select pg_terminate_backend(pg_backend_pid())").catch(() => {});
+}
+
+/**
+ * The dead-letter decision for a job that may have a fence, serialised with
+ * its work transaction on the fence key: it inserts the fence row itself,
+ * which waits for a work transaction of the same job still in flight. A
+ * conflict means the job committed (a duplicate); otherwise `write` runs in
+ * the same transaction, holding the key, and the probe row is removed before
+ * commit, so no fence is left. A work transaction that was waiting on the key
+ * then finds the letter in its check before COMMIT and rolls back.
+ */
+export async function decideDeadLetter<T>(
+  db: AnyPgDatabase,
+  target: { readonly jobId: string; readonly consumer: string },
+  write: (tx: WorkTransaction) => Promise<T>,
+): Promise<{ readonly status: "duplicate" } | { readonly status: "written"; readonly value: T }> {
+  return db.transaction(async (tx) => {
+    const probe = rowsOf(
+      await tx.execute(
+        sql`insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing returning 1`,
+      ),
+    );
+    if (probe.length === 0) return { status: "duplicate" } as const;
+    const value = await write(tx as unknown as WorkTransaction);
+    await tx.execute(
+      sql`delete from core.processed_jobs where job_id = ${target.jobId} and consumer = ${target.consumer}`,
+    );
+    return { status: "written", value } as const;
+  });
 }
 
 // biome-ignore lint/suspicious/noExplicitAny: Drizzle's session constructor and prepareQuery are generic over types this file does not know.

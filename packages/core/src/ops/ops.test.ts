@@ -232,15 +232,20 @@ describe("replay", () => {
     expect(await effectsOf(envelope.job_id)).toBe(1);
   });
 
-  test("replaying a letter whose job had in fact succeeded for that consumer produces no second effect", async () => {
+  test("a copy of a dead-lettered job that arrives before the replay does not run: the letter owns the job, the replay applies it once (#8 item 3)", async () => {
     const envelope = award("r2", 5);
     const [id] = await makeDeadLetters([envelope]); // first delivery: rejected, dead-lettered
     broken.clear();
-    await queue.publish(QUEUE, envelope); // an at-least-once copy arrives after the fix and succeeds
+    await queue.publish(QUEUE, envelope); // an at-least-once copy arrives after the fix
     await queue.drain();
-    expect(await effectsOf(envelope.job_id)).toBe(1);
+    // Never a committed fence beside a pending letter.
+    expect(await effectsOf(envelope.job_id)).toBe(0);
+    expect((await letter(id as string))?.status).toBe("pending_review");
 
     await ops.deadLetters.replay([id as string], { operator: "ana", reason: "sweep" });
+    await queue.drain();
+    expect(await effectsOf(envelope.job_id)).toBe(1);
+    await queue.publish(QUEUE, envelope); // and a late copy after the replay is a duplicate
     await queue.drain();
     expect(await effectsOf(envelope.job_id)).toBe(1);
   });
