@@ -428,15 +428,13 @@ class InMemoryQueue implements MemoryQueue {
         for (const lease of s.leases) consider(lease.expiresAt);
       }
     }
-    // A message already visible waits only for a slot (taken by stuck deliveries).
-    if (next === undefined && this.#hasVisibleWork(false)) return now;
+    // A message visible now but not started waits for a slot, which frees at a lease's expiry (counted above).
     return next;
   }
 
   /** After any change: wake drain() waiters when idle, and (real clock) arm a timer for the next due message. */
   #afterChange(): void {
-    const busy = [...this.#inFlight].some((lease) => !lease.stuck) || this.#hasVisibleWork(true);
-    if (!busy) {
+    if (!this.#busy()) {
       for (const resolve of this.#idleWaiters) resolve();
       this.#idleWaiters.clear();
     }
@@ -450,12 +448,17 @@ class InMemoryQueue implements MemoryQueue {
     }
   }
 
-  /** A visible message waits; with `startable`, only one that a free concurrency slot could take now. */
-  #hasVisibleWork(startable: boolean): boolean {
+  /**
+   * A delivery in flight that is not stuck, or a visible message that a free
+   * concurrency slot could take now (slots held by stuck deliveries free at
+   * their visibility timeout).
+   */
+  #busy(): boolean {
+    for (const lease of this.#inFlight) if (!lease.stuck) return true;
     const now = this.#clock.now();
     for (const list of this.#subscriptions.values()) {
       for (const s of list) {
-        if (startable && s.leases.size >= this.#concurrency) continue;
+        if (s.leases.size >= this.#concurrency) continue;
         if (s.messages.some((m) => !m.inFlight && m.visibleAt <= now)) return true;
       }
     }
@@ -464,8 +467,7 @@ class InMemoryQueue implements MemoryQueue {
 
   /** Resolves once no delivery is in flight (stuck ones aside) and nothing visible waits for a free slot. */
   #idle(): Promise<void> {
-    const busy = [...this.#inFlight].some((lease) => !lease.stuck) || this.#hasVisibleWork(true);
-    if (!busy) return Promise.resolve();
+    if (!this.#busy()) return Promise.resolve();
     return new Promise((resolve) => this.#idleWaiters.add(resolve));
   }
 }
