@@ -82,7 +82,9 @@ export interface MemoryQueue extends QueuePort {
    * Resolves when every subscribed consumer's messages are acknowledged
    * (messages on queues nobody subscribed to are held, not waited for). With a
    * manual clock it moves the clock forward to each next due message, so a
-   * whole retry schedule runs in no real time.
+   * whole retry schedule runs in no real time. A delivery that never settles
+   * does not hold it: it is abandoned at its visibility timeout (on a manual
+   * clock, after `stuckAfterMs` of real time the clock is moved there).
    */
   drain(): Promise<void>;
   /** Messages not yet acknowledged, per queue and consumer. */
