@@ -26,7 +26,7 @@ import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
 import type { BoundConsumer, Delivery, DeliveryOutcome, DeliveryResult } from "./queue-port.ts";
-import { deferralDelayMs, type RetryPolicy, resolveRetryPolicy, retryDelayMs } from "./retry.ts";
+import { deferralDelayMs, RATE_LIMIT_BACKOFF, type RetryPolicy, resolveRetryPolicy, retryDelayMs } from "./retry.ts";
 
 // biome-ignore lint/suspicious/noExplicitAny: any Drizzle Postgres database (postgres.js, PGlite, ...) with any schema.
 export type AnyPgDatabase = PgDatabase<PgQueryResultHKT, any, any>;
@@ -323,7 +323,13 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       // 4. The transaction rolled back: no fence, no effect.
       const failure = classifyFailure(thrown);
       if (failure.failureClass === "rate_limited") {
-        const retryAfterMs = failure.retryAfterMs ?? retryDelayMs(policy, 1, this.#random);
+        // Grows with the job's deferrals so far (capped, jittered); a
+        // provider's Retry-After is honoured, but never below a 1 s floor.
+        const retryAfterMs = deferralDelayMs(
+          delivery.deferrals ?? 0,
+          { ...RATE_LIMIT_BACKOFF, retryAfterMs: failure.retryAfterMs },
+          this.#random,
+        );
         this.#metrics.handlerDuration(duration, this.#attributes("rate_limited"));
         return this.#finish("rate_limited", {
           outcome: "rate_limited",

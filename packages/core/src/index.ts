@@ -56,5 +56,13 @@ export type {
   PublishReceipt,
   QueuePort,
 } from "./queue-port.ts";
-export type { RetryPolicy } from "./retry.ts";
-export { DEFAULT_RETRY_POLICY, maxRetryWindowMs, resolveRetryPolicy, retryDelayMs } from "./retry.ts";
+export type { DeferralBackoff, RetryPolicy } from "./retry.ts";
+export {
+  DEFAULT_RETRY_POLICY,
+  DEFERRAL_FLOOR_MS,
+  deferralDelayMs,
+  maxRetryWindowMs,
+  RATE_LIMIT_BACKOFF,
+  resolveRetryPolicy,
+  retryDelayMs,
+} from "./retry.ts";

@@ -47,16 +47,18 @@ export interface Delivery {
    * `DeliveryResult.spendsAttempt`) do not.
    */
   readonly deliveryCount: number;
+  /**
+   * How many earlier deliveries of this message for this consumer ended
+   * deferred without spending an attempt (outcomes `rate_limited` and
+   * `deferred`), for a backoff that grows with each deferral. It keeps
+   * counting across spent attempts (it is never reset). 0 or absent on a
+   * fresh message.
+   */
+  readonly deferrals?: number | undefined;
   /** The transport's message id, for logs. */
   readonly messageId?: string | undefined;
   /** Set when the message was published for one consumer only (`PublishOptions.targetConsumer`). */
   readonly targetConsumer?: string | undefined;
-  /**
-   * How many earlier deliveries of this message to this consumer were
-   * deferred without spending an attempt (`rate_limited`, `deferred`), so
-   * the next wait can grow. @default 0
-   */
-  readonly deferrals?: number | undefined;
 }
 
 /**
@@ -71,8 +73,9 @@ export interface Delivery {
  * - `skipped`: the message was addressed to another consumer of the queue;
  * - `retry`: a transient failure, the attempt was spent;
  * - `rate_limited`: a rate limit said wait; the attempt was not spent;
- * - `deferred`: the handler never started (database unreachable, BEGIN, lock
- *   or fence failed); the attempt was not spent;
+ * - `deferred`: the handler never started (database unreachable; BEGIN, the
+ *   lock or the fence failed): come back after `retryAfterMs`, the attempt
+ *   was not spent;
  * - `dead_lettered`: exhausted, permanent or expired, a dead letter was written;
  * - `poison`: the payload is invalid, a dead letter was written with zero retries;
  * - `dead_letter_failed`: the dead letter could not be written; the message
@@ -90,7 +93,10 @@ export type DeliveryResult =
       readonly outcome: "retry" | "rate_limited" | "deferred";
       readonly ack: false;
       readonly retryAfterMs: number;
-      /** False for `rate_limited`: the next delivery must not count as a new attempt. */
+      /**
+       * False for `rate_limited` and `deferred`: the next delivery must not
+       * count as a new attempt, and its `Delivery.deferrals` is one higher.
+       */
       readonly spendsAttempt: boolean;
       readonly error: string;
     }
@@ -102,7 +108,11 @@ export type DeliveryOutcome = DeliveryResult["outcome"];
 export interface BoundConsumer {
   readonly name: string;
   readonly queue: string;
-  /** The bound on one handler run (ms); adapters refuse a visibility timeout / lease that is not longer. */
+  /**
+   * Longest a handler run may take (the harness aborts it after this). A
+   * transport refuses a consumer whose bound is not below its visibility
+   * timeout or lease, so a run is never still going when its message is redelivered.
+   */
   readonly timeoutMs?: number;
   deliver(delivery: Delivery): Promise<DeliveryResult>;
 }

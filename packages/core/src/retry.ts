@@ -74,21 +74,58 @@ export function maxRetryWindowMs(policy: RetryPolicy): number {
   return total;
 }
 
+/** How deliveries that must wait without spending an attempt back off (see `deferralDelayMs`). */
+export interface DeferralBackoff {
+  /** Ceiling of the first wait (the first wait is in [base/2, base]). */
+  readonly baseMs: number;
+  /** No computed wait exceeds this (a provider's Retry-After may). */
+  readonly capMs: number;
+  /** No wait is shorter than this, whatever a provider said. @default 1_000 */
+  readonly floorMs?: number;
+}
+
 /**
- * Wait before a delivery that spent no attempt comes back (rate limited, or
- * the handler never started), growing with the deferrals before it: equal
- * jitter in [e/2, e] with e = min(cap, base·2^deferrals). A provider's
- * Retry-After is honoured when given, but never below `floorMs`, so
- * `Retry-After: 0` cannot make a hot loop.
+ * The harness's backoff for rate-limited deliveries: base 30 s (the first
+ * wait is 15–30 s), cap 15 min, floor 1 s. Without a Retry-After each
+ * consecutive deferral of a job doubles the ceiling of its wait; with one,
+ * the provider's wait is honoured but never below the floor.
+ */
+export const RATE_LIMIT_BACKOFF: Required<DeferralBackoff> = Object.freeze({
+  baseMs: 30_000,
+  capMs: 900_000,
+  floorMs: 1_000,
+});
+
+/** Shortest wait of a deferral when the options name none: `Retry-After: 0` must not make a hot loop. */
+export const DEFERRAL_FLOOR_MS = 1_000;
+
+/**
+ * Delay before the next delivery of a message that was deferred without
+ * spending an attempt (rate limited, or the handler never started), after
+ * `deferrals` earlier deferrals (`Delivery.deferrals`). Equal jitter,
+ * growing exponentially: uniform in [e/2, e) where e = min(cap, base·2^deferrals).
+ * A provider's `retryAfterMs` (Retry-After), when given, is honoured instead.
+ * Either way the result is never below `floorMs` (@default 1_000), so
+ * `Retry-After: 0` or a date in the past cannot make a hot loop.
+ * `random` returns a number in [0, 1) like Math.random.
  */
 export function deferralDelayMs(
   deferrals: number,
-  options: { baseMs: number; capMs: number; floorMs?: number; retryAfterMs?: number | undefined },
+  options: DeferralBackoff & { readonly retryAfterMs?: number | undefined },
   random: () => number = Math.random,
 ): number {
-  const floor = options.floorMs ?? 1_000;
-  if (options.retryAfterMs !== undefined) return Math.max(floor, options.retryAfterMs);
-  const n = Number.isInteger(deferrals) && deferrals > 0 ? Math.min(deferrals, 40) : 0;
-  const ceiling = Math.min(options.capMs, options.baseMs * 2 ** n);
-  return Math.max(floor, Math.floor(ceiling / 2 + random() * (ceiling / 2)));
+  const { baseMs, capMs, retryAfterMs } = options;
+  const floorMs = options.floorMs ?? DEFERRAL_FLOOR_MS;
+  if (!(Number.isFinite(baseMs) && baseMs > 0 && Number.isFinite(capMs) && capMs >= baseMs)) {
+    throw new InvalidConfigError(`deferral backoff needs 0 < baseMs <= capMs, got base ${baseMs}, cap ${capMs}`);
+  }
+  if (!(Number.isFinite(floorMs) && floorMs >= 0)) {
+    throw new InvalidConfigError(`deferral backoff floorMs must be a non-negative number, got ${floorMs}`);
+  }
+  if (retryAfterMs !== undefined && Number.isFinite(retryAfterMs)) {
+    return Math.max(floorMs, Math.ceil(retryAfterMs));
+  }
+  const n = Number.isInteger(deferrals) && deferrals > 0 ? deferrals : 0;
+  const ceiling = Math.min(capMs, baseMs * 2 ** n);
+  return Math.max(floorMs, Math.floor(ceiling / 2 + random() * (ceiling / 2)));
 }

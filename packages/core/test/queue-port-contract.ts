@@ -142,6 +142,33 @@ export function queuePortContract(name: string, makeTransport: () => Promise<Con
       expect((seen[1]?.at ?? 0) - (seen[0]?.at ?? 0)).toBe(5_000);
     });
 
+    test("a `deferred` delivery (the handler never started) comes back after its delay without counting as an attempt, and every deferral is counted in `deferrals` (#8 items 8, 9)", async () => {
+      const deferred = (retryAfterMs: number): DeliveryResult => ({
+        outcome: "deferred",
+        ack: false,
+        retryAfterMs,
+        spendsAttempt: false,
+        error: "database unreachable",
+      });
+      const { seen, queue } = scripted((n) => {
+        if (n === 1)
+          return { outcome: "rate_limited", ack: false, retryAfterMs: 5_000, spendsAttempt: false, error: "429" };
+        if (n === 2) return deferred(7_000);
+        if (n === 3) return { outcome: "retry", ack: false, retryAfterMs: 10_000, spendsAttempt: true, error: "e" };
+        if (n === 4) return deferred(5_000);
+        return ack;
+      });
+      const envelope = job();
+      await transport.port.publish(queue, envelope);
+      await transport.settle();
+      expect(seen.map((s) => s.deliveryCount)).toEqual([1, 1, 1, 2, 2]);
+      // Counted across the spent attempt, never reset; 0 or absent on the first delivery.
+      expect(seen.map((s) => s.deferrals ?? 0)).toEqual([0, 1, 2, 2, 3]);
+      expect(seen.every((s) => JSON.parse(s.text).job_id === envelope.job_id)).toBe(true);
+      const gaps = seen.slice(1).map((s, i) => s.at - (seen[i]?.at ?? 0));
+      expect(gaps).toEqual([5_000, 7_000, 10_000, 5_000]);
+    });
+
     test("an unacknowledged delivery (dead-letter write failed) comes back with a higher delivery count", async () => {
       const { seen, queue } = scripted((n) =>
         n === 1 ? { outcome: "dead_letter_failed", ack: false, error: "db down" } : ack,

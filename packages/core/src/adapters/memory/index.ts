@@ -4,8 +4,10 @@
  * matter to the harness: deliveries run concurrently, a message is removed
  * only when acknowledged, a retry comes back after the delay the harness asks
  * for, an unacknowledged or crashed delivery comes back after a visibility
- * timeout, and each message counts its deliveries. Messages live in memory:
- * nothing survives the process.
+ * timeout, and each message counts its deliveries. A delivery that never
+ * settles is treated like a crash once its visibility timeout passes: the
+ * message is delivered again, and neither `drain()` nor `close()` waits for
+ * the abandoned delivery. Messages live in memory: nothing survives the process.
  */
 import { randomUUID } from "node:crypto";
 import { type Clock, systemClock } from "../../clock.ts";
@@ -14,13 +16,38 @@ import { describeError, InvalidConfigError, QueueClosedError } from "../../error
 import type { BoundConsumer, DeliveryResult, PublishOptions, PublishReceipt, QueuePort } from "../../queue-port.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
 
+function positive(value: number, name: string): number {
+  if (!(Number.isFinite(value) && value > 0)) {
+    throw new InvalidConfigError(`${name} must be a positive number, got ${value}`);
+  }
+  return value;
+}
+
 export interface MemoryQueueOptions {
   /** @default the system clock; pass `createManualClock()` so backoff takes no real time. */
   readonly clock?: Clock;
   /** Deliveries in flight at once, per subscribed consumer. @default 4 */
   readonly concurrency?: number;
-  /** When a delivery neither acks nor asks for a delay (or throws), it comes back after this. @default 30_000 */
+  /**
+   * When a delivery neither acks nor asks for a delay (or throws), it comes
+   * back after this. A delivery still unsettled this long after it started
+   * is treated like a crash: the message comes back at once (its delivery
+   * count one higher), and a late result of the abandoned delivery is
+   * ignored. A consumer's `timeoutMs` must be below it. Clock time. @default 30_000
+   */
   readonly visibilityTimeoutMs?: number;
+  /**
+   * Longest `close()` waits for deliveries in flight before it returns
+   * without them. Real time. @default 30_000
+   */
+  readonly closeTimeoutMs?: number;
+  /**
+   * Manual clock only (it moves only when told, so a visibility timeout never
+   * passes by itself): a delivery still unsettled after this much real time
+   * counts as stuck, and `drain()` moves the clock on (to its visibility
+   * timeout, which redelivers it) instead of waiting for it. @default 10_000
+   */
+  readonly stuckAfterMs?: number;
   /** How long an `idempotencyKey` suppresses another publish with the same key. @default 86_400_000 (24 h, like Vercel Queues) */
   readonly dedupWindowMs?: number;
 }
@@ -33,7 +60,11 @@ export interface DeliveryEvent {
   readonly deliveryCount: number;
   /** Clock time the delivery started. */
   readonly at: number;
-  /** The harness's result, or `thrown` when `deliver` itself threw (treated as a crash: redelivered). */
+  /**
+   * The harness's result, or `thrown` when `deliver` itself threw or did not
+   * settle within the visibility timeout (treated as a crash: redelivered).
+   * An abandoned delivery that settles later reports nothing more.
+   */
   readonly result: DeliveryResult | { readonly outcome: "thrown"; readonly error: string };
 }
 
@@ -51,12 +82,17 @@ export interface MemoryQueue extends QueuePort {
    * Resolves when every subscribed consumer's messages are acknowledged
    * (messages on queues nobody subscribed to are held, not waited for). With a
    * manual clock it moves the clock forward to each next due message, so a
-   * whole retry schedule runs in no real time.
+   * whole retry schedule runs in no real time. A delivery that never settles
+   * does not hold it: it is abandoned at its visibility timeout (on a manual
+   * clock, after `stuckAfterMs` of real time the clock is moved there).
    */
   drain(): Promise<void>;
   /** Messages not yet acknowledged, per queue and consumer. */
   pending(): number;
-  /** Stops delivering and waits for deliveries in flight. Publishing afterwards throws `QueueClosedError`. */
+  /**
+   * Stops delivering and waits for deliveries in flight, at most
+   * `closeTimeoutMs`. Publishing afterwards throws `QueueClosedError`.
+   */
   close(): Promise<void>;
 }
 
@@ -68,11 +104,28 @@ interface Message {
   /** Deliveries that counted as attempts. */
   deliveries: number;
   inFlight: boolean;
+  /** The delivery in flight; undefined once it settled or was abandoned. */
+  lease?: Lease | undefined;
+  /** Deliveries that ended deferred without spending an attempt (`Delivery.deferrals`); never reset. */
+  deferrals?: number;
+}
+
+/** One delivery in flight. */
+interface Lease {
+  readonly message: Message;
+  readonly deliveryCount: number;
+  readonly startedAt: number;
+  /** Clock time after which the delivery is abandoned and the message handed out again. */
+  readonly expiresAt: number;
+  run?: Promise<void>;
+  /** Manual clock: unsettled after `stuckAfterMs` of real time; `drain()` no longer waits for it. */
+  stuck: boolean;
+  stuckTimer?: NodeJS.Timeout;
 }
 
 class Subscription {
   readonly messages: Message[] = [];
-  inFlight = 0;
+  readonly leases = new Set<Lease>();
   constructor(readonly consumer: BoundConsumer) {}
 }
 
@@ -80,13 +133,16 @@ class InMemoryQueue implements MemoryQueue {
   readonly #clock: Clock;
   readonly #concurrency: number;
   readonly #visibilityTimeoutMs: number;
+  readonly #closeTimeoutMs: number;
+  readonly #stuckAfterMs: number;
   readonly #dedupWindowMs: number;
   readonly #subscriptions = new Map<string, Subscription[]>();
   readonly #unrouted = new Map<string, Message[]>();
   readonly #dedup = new Map<string, { messageId: string; until: number }>();
   readonly #listeners = new Set<(event: DeliveryEvent) => void>();
   readonly #idleWaiters = new Set<() => void>();
-  readonly #inFlight = new Set<Promise<void>>();
+  /** Deliveries in flight, abandoned ones excluded. */
+  readonly #inFlight = new Set<Lease>();
   readonly #stopClockListener: (() => void) | undefined;
   #timer: NodeJS.Timeout | undefined;
   #closed = false;
@@ -94,7 +150,9 @@ class InMemoryQueue implements MemoryQueue {
   constructor(options: MemoryQueueOptions) {
     this.#clock = options.clock ?? systemClock;
     this.#concurrency = positiveInteger(options.concurrency ?? 4, "concurrency");
-    this.#visibilityTimeoutMs = nonNegative(options.visibilityTimeoutMs ?? 30_000, "visibilityTimeoutMs");
+    this.#visibilityTimeoutMs = positive(options.visibilityTimeoutMs ?? 30_000, "visibilityTimeoutMs");
+    this.#closeTimeoutMs = nonNegative(options.closeTimeoutMs ?? 30_000, "closeTimeoutMs");
+    this.#stuckAfterMs = nonNegative(options.stuckAfterMs ?? 10_000, "stuckAfterMs");
     this.#dedupWindowMs = nonNegative(options.dedupWindowMs ?? 86_400_000, "dedupWindowMs");
     this.#stopClockListener = this.#clock.onAdvance?.(() => this.#pumpAll());
   }
@@ -154,6 +212,12 @@ class InMemoryQueue implements MemoryQueue {
     if (this.#closed) throw new QueueClosedError();
     if (typeof consumer?.deliver !== "function")
       throw new InvalidConfigError("subscribe() takes a consumer from bindConsumer()");
+    const { timeoutMs } = consumer;
+    if (timeoutMs !== undefined && !(timeoutMs < this.#visibilityTimeoutMs)) {
+      throw new InvalidConfigError(
+        `consumer "${consumer.name}": its handler time bound (timeoutMs ${timeoutMs}) must be below this queue's visibility timeout (${this.#visibilityTimeoutMs} ms), or a run that timed out could still be going when its message is delivered again`,
+      );
+    }
     const list = this.#subscriptions.get(consumer.queue) ?? [];
     if (list.some((s) => s.consumer.name === consumer.name)) {
       throw new InvalidConfigError(`consumer "${consumer.name}" is already subscribed to "${consumer.queue}"`);
@@ -187,7 +251,7 @@ class InMemoryQueue implements MemoryQueue {
   async drain(): Promise<void> {
     for (;;) {
       await this.#idle();
-      const next = this.#nextVisibleAt();
+      const next = this.#nextWakeAt();
       if (next === undefined || this.#closed) return;
       const clock = this.#clock as Clock & { advanceTo?: (t: number) => void };
       if (typeof clock.advanceTo === "function") {
@@ -204,7 +268,17 @@ class InMemoryQueue implements MemoryQueue {
     this.#stopClockListener?.();
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = undefined;
-    await Promise.allSettled([...this.#inFlight]);
+    const runs = [...this.#inFlight].flatMap((lease) => (lease.run ? [lease.run] : []));
+    if (runs.length > 0) {
+      // Bounded: a delivery that never settles must not hold the process open.
+      let timer: NodeJS.Timeout | undefined;
+      const bound = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, this.#closeTimeoutMs);
+      });
+      await Promise.race([Promise.allSettled(runs), bound]);
+      clearTimeout(timer);
+    }
+    for (const lease of this.#inFlight) clearTimeout(lease.stuckTimer);
     for (const resolve of this.#idleWaiters) resolve();
     this.#idleWaiters.clear();
   }
@@ -220,8 +294,9 @@ class InMemoryQueue implements MemoryQueue {
   #pump(subscription: Subscription): void {
     if (this.#closed) return;
     const now = this.#clock.now();
+    this.#expireLeases(subscription, now);
     for (const message of subscription.messages) {
-      if (subscription.inFlight >= this.#concurrency) break;
+      if (subscription.leases.size >= this.#concurrency) break;
       if (message.inFlight || message.visibleAt > now) continue;
       this.#start(subscription, message, now);
     }
@@ -231,9 +306,19 @@ class InMemoryQueue implements MemoryQueue {
   #start(subscription: Subscription, message: Message, now: number): void {
     message.inFlight = true;
     message.deliveries += 1;
-    subscription.inFlight += 1;
+    const lease: Lease = {
+      message,
+      deliveryCount: message.deliveries,
+      startedAt: now,
+      expiresAt: now + this.#visibilityTimeoutMs,
+      stuck: false,
+    };
+    message.lease = lease;
+    subscription.leases.add(lease);
+    this.#inFlight.add(lease);
     const { consumer } = subscription;
-    const deliveryCount = message.deliveries;
+    const { deliveryCount } = lease;
+    const deferrals = message.deferrals ?? 0;
     const run = (async () => {
       let result: DeliveryEvent["result"];
       try {
@@ -242,74 +327,121 @@ class InMemoryQueue implements MemoryQueue {
           deliveryCount,
           messageId: message.id,
           ...(message.target === undefined ? {} : { targetConsumer: message.target }),
+          ...(deferrals > 0 ? { deferrals } : {}),
         });
       } catch (thrown) {
         result = { outcome: "thrown", error: describeError(thrown) };
       }
+      // Abandoned at its visibility timeout: the message was handed out again
+      // (or is already gone), so this late result must change nothing.
+      if (message.lease !== lease) return;
+      this.#release(subscription, lease);
       this.#settle(subscription, message, result);
-      const event: DeliveryEvent = {
-        queue: consumer.queue,
-        consumer: consumer.name,
-        messageId: message.id,
-        deliveryCount,
-        at: now,
-        result,
-      };
-      for (const listener of this.#listeners) {
-        // An observer's bug must not break deliveries or starve later observers.
-        try {
-          listener(event);
-        } catch {}
-      }
+      this.#emit(subscription, lease, result);
     })();
-    this.#inFlight.add(run);
-    void run.finally(() => {
-      this.#inFlight.delete(run);
-      this.#pump(subscription);
-    });
+    lease.run = run;
+    if (this.#clock.onAdvance && !this.#closed) {
+      lease.stuckTimer = setTimeout(() => {
+        lease.stuck = true;
+        this.#afterChange();
+      }, this.#stuckAfterMs);
+      lease.stuckTimer.unref();
+    }
+    void run.finally(() => this.#pump(subscription));
+  }
+
+  /** The delivery no longer holds its message or a concurrency slot. */
+  #release(subscription: Subscription, lease: Lease): void {
+    subscription.leases.delete(lease);
+    this.#inFlight.delete(lease);
+    clearTimeout(lease.stuckTimer);
+    lease.message.lease = undefined;
+    lease.message.inFlight = false;
+  }
+
+  /** Deliveries unsettled past their visibility timeout are treated as crashed: their messages come back now. */
+  #expireLeases(subscription: Subscription, now: number): void {
+    for (const lease of subscription.leases) {
+      if (lease.expiresAt > now) continue;
+      this.#release(subscription, lease);
+      lease.message.visibleAt = lease.expiresAt;
+      this.#emit(subscription, lease, {
+        outcome: "thrown",
+        error: `the delivery did not settle within the visibility timeout of ${this.#visibilityTimeoutMs} ms; treated as a crash, the message is delivered again`,
+      });
+    }
+  }
+
+  #emit(subscription: Subscription, lease: Lease, result: DeliveryEvent["result"]): void {
+    const event: DeliveryEvent = {
+      queue: subscription.consumer.queue,
+      consumer: subscription.consumer.name,
+      messageId: lease.message.id,
+      deliveryCount: lease.deliveryCount,
+      at: lease.startedAt,
+      result,
+    };
+    for (const listener of this.#listeners) {
+      // An observer's bug must not break deliveries or starve later observers.
+      try {
+        listener(event);
+      } catch {}
+    }
   }
 
   #settle(subscription: Subscription, message: Message, result: DeliveryEvent["result"]): void {
-    message.inFlight = false;
-    subscription.inFlight -= 1;
     if (result.outcome !== "thrown" && result.ack) {
-      subscription.messages.splice(subscription.messages.indexOf(message), 1);
+      const index = subscription.messages.indexOf(message);
+      if (index >= 0) subscription.messages.splice(index, 1);
       return;
     }
     const now = this.#clock.now();
-    if (result.outcome === "retry" || result.outcome === "rate_limited") {
+    if (result.outcome === "retry" || result.outcome === "rate_limited" || result.outcome === "deferred") {
       // A delay the transport cannot honour falls back to the visibility timeout.
       const delay =
         Number.isFinite(result.retryAfterMs) && result.retryAfterMs >= 0
           ? result.retryAfterMs
           : this.#visibilityTimeoutMs;
       message.visibleAt = now + delay;
-      // A rate-limit deferral is not an attempt: the next delivery keeps this count.
-      if (!result.spendsAttempt) message.deliveries -= 1;
+      // A deferral (rate limit, handler never started) is not an attempt: the
+      // next delivery keeps this count, and knows one more deferral preceded it.
+      if (!result.spendsAttempt) {
+        message.deliveries -= 1;
+        message.deferrals = (message.deferrals ?? 0) + 1;
+      }
     } else {
       message.visibleAt = now + this.#visibilityTimeoutMs;
     }
   }
 
-  #nextVisibleAt(): number | undefined {
+  /**
+   * The next clock time something happens by itself: a waiting message
+   * becomes visible, or a delivery in flight reaches its visibility timeout.
+   */
+  #nextWakeAt(): number | undefined {
+    const now = this.#clock.now();
     let next: number | undefined;
+    const consider = (t: number) => {
+      if (t > now && (next === undefined || t < next)) next = t;
+    };
     for (const list of this.#subscriptions.values()) {
       for (const s of list) {
-        for (const m of s.messages) if (!m.inFlight && (next === undefined || m.visibleAt < next)) next = m.visibleAt;
+        for (const m of s.messages) if (!m.inFlight) consider(m.visibleAt);
+        for (const lease of s.leases) consider(lease.expiresAt);
       }
     }
+    // A message visible now but not started waits for a slot, which frees at a lease's expiry (counted above).
     return next;
   }
 
   /** After any change: wake drain() waiters when idle, and (real clock) arm a timer for the next due message. */
   #afterChange(): void {
-    const busy = this.#inFlight.size > 0 || this.#hasVisibleWork();
-    if (!busy) {
+    if (!this.#busy()) {
       for (const resolve of this.#idleWaiters) resolve();
       this.#idleWaiters.clear();
     }
     if (this.#clock.onAdvance || this.#closed) return;
-    const next = this.#nextVisibleAt();
+    const next = this.#nextWakeAt();
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = undefined;
     if (next !== undefined && next > this.#clock.now()) {
@@ -318,16 +450,26 @@ class InMemoryQueue implements MemoryQueue {
     }
   }
 
-  #hasVisibleWork(): boolean {
+  /**
+   * A delivery in flight that is not stuck, or a visible message that a free
+   * concurrency slot could take now (slots held by stuck deliveries free at
+   * their visibility timeout).
+   */
+  #busy(): boolean {
+    for (const lease of this.#inFlight) if (!lease.stuck) return true;
     const now = this.#clock.now();
     for (const list of this.#subscriptions.values()) {
-      for (const s of list) if (s.messages.some((m) => !m.inFlight && m.visibleAt <= now)) return true;
+      for (const s of list) {
+        if (s.leases.size >= this.#concurrency) continue;
+        if (s.messages.some((m) => !m.inFlight && m.visibleAt <= now)) return true;
+      }
     }
     return false;
   }
 
+  /** Resolves once no delivery is in flight (stuck ones aside) and nothing visible waits for a free slot. */
   #idle(): Promise<void> {
-    if (this.#inFlight.size === 0 && !this.#hasVisibleWork()) return Promise.resolve();
+    if (!this.#busy()) return Promise.resolve();
     return new Promise((resolve) => this.#idleWaiters.add(resolve));
   }
 }

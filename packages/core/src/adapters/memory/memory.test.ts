@@ -2,7 +2,7 @@ import { describe, expect, test } from "vitest";
 import { queuePortContract } from "../../../test/queue-port-contract.ts";
 import { createManualClock } from "../../clock.ts";
 import { createEnvelope } from "../../envelope.ts";
-import { InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
+import { InvalidConfigError, InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
 import type { BoundConsumer, Delivery, DeliveryResult } from "../../queue-port.ts";
 import { createMemoryQueue, type DeliveryEvent } from "./index.ts";
 
@@ -191,6 +191,111 @@ describe("memory queue", () => {
     await queue.close();
     expect(finished).toBe(true);
     await expect(queue.publish("q", job())).rejects.toThrow(QueueClosedError);
+  });
+
+  test("a delivery that never settles is treated like a crash at its visibility timeout: drain() returns and the message is delivered again (#8 item 12)", async () => {
+    const clock = createManualClock(0);
+    const queue = createMemoryQueue({ clock, visibilityTimeoutMs: 45_000, stuckAfterMs: 20 });
+    const events: DeliveryEvent[] = [];
+    queue.onDelivery((e) => events.push(e));
+    const { consumer, seen } = scripted("q", (_d, n) => (n === 1 ? new Promise<DeliveryResult>(() => {}) : ack));
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(seen.map((d) => d.deliveryCount)).toEqual([1, 2]);
+    expect(events.map((e) => [e.result.outcome, e.deliveryCount, e.at])).toEqual([
+      ["thrown", 1, 0],
+      ["success", 2, 45_000],
+    ]);
+    expect(events[0]?.result).toMatchObject({ error: expect.stringMatching(/did not settle within the visibility/) });
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
+  test("with the system clock too, a delivery that never settles comes back after the visibility timeout, and drain() returns (#8 item 12)", async () => {
+    const queue = createMemoryQueue({ visibilityTimeoutMs: 40, concurrency: 1 });
+    const { consumer, seen } = scripted("q", (_d, n) => (n === 1 ? new Promise<DeliveryResult>(() => {}) : ack));
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.publish("q", job());
+    await queue.drain();
+    // The stuck delivery's slot was freed: the other message went through too.
+    expect(seen.map((d) => d.deliveryCount).sort()).toEqual([1, 1, 2]);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
+  test("close() returns after closeTimeoutMs while a delivery never settles (#8 item 12)", async () => {
+    const queue = createMemoryQueue({ clock: createManualClock(), closeTimeoutMs: 30 });
+    let started!: () => void;
+    const running = new Promise<void>((resolve) => {
+      started = resolve;
+    });
+    queue.subscribe(
+      scripted("q", () => {
+        started();
+        return new Promise<DeliveryResult>(() => {});
+      }).consumer,
+    );
+    await queue.publish("q", job());
+    await running;
+    await queue.close();
+    expect(queue.pending()).toBe(1); // not acknowledged: a real transport would deliver it again
+    await expect(queue.publish("q", job())).rejects.toThrow(QueueClosedError);
+  });
+
+  test("a late result of an abandoned delivery changes nothing: no second removal, no lost or reset message (#8 item 12)", async () => {
+    const clock = createManualClock(0);
+    const queue = createMemoryQueue({ clock, visibilityTimeoutMs: 10_000 });
+    const events: DeliveryEvent[] = [];
+    queue.onDelivery((e) => events.push(e));
+    const held: ((r: DeliveryResult) => void)[] = [];
+    const { consumer, seen } = scripted("q", (d) =>
+      JSON.parse(String(d.body)).data.n === 1 ? new Promise<DeliveryResult>((resolve) => held.push(resolve)) : ack,
+    );
+    queue.subscribe(consumer);
+    await queue.publish("q", createEnvelope({ tenantId: "t", kind: "k.v1", data: { n: 1 } }));
+    // Another message, due later: a wrong removal would take it.
+    await queue.publish("q", createEnvelope({ tenantId: "t", kind: "k.v1", data: { n: 2 } }), { delayMs: 60_000 });
+    expect(held).toHaveLength(1);
+    clock.advance(10_000); // delivery 1 is abandoned, delivery 2 starts
+    clock.advance(10_000); // delivery 2 is abandoned, delivery 3 starts
+    expect(held).toHaveLength(3);
+    // Delivery 1 answers late with a retry: delivery 3 still holds the message.
+    held[0]?.({ outcome: "retry", ack: false, retryAfterMs: 1, spendsAttempt: true, error: "late" });
+    await new Promise((r) => setImmediate(r));
+    clock.advance(5);
+    expect(held).toHaveLength(3);
+    held[2]?.(ack);
+    await new Promise((r) => setImmediate(r));
+    expect(queue.pending()).toBe(1);
+    // Delivery 2 acknowledges late, after the message is gone: nothing else may be removed.
+    held[1]?.(ack);
+    await new Promise((r) => setImmediate(r));
+    expect(queue.pending()).toBe(1);
+    await queue.drain();
+    expect(events.map((e) => [e.result.outcome, e.deliveryCount])).toEqual([
+      ["thrown", 1],
+      ["thrown", 2],
+      ["success", 3],
+      ["success", 1],
+    ]);
+    expect(seen.map((d) => JSON.parse(String(d.body)).data.n)).toEqual([1, 1, 1, 2]);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
+  test("subscribe() refuses a consumer whose handler time bound is not below the visibility timeout (#8 item 12)", async () => {
+    const queue = createMemoryQueue({ visibilityTimeoutMs: 30_000 });
+    const { consumer } = scripted("q", () => ack);
+    expect(() => queue.subscribe({ ...consumer, deliver: consumer.deliver, timeoutMs: 30_000 })).toThrow(
+      InvalidConfigError,
+    );
+    expect(() => queue.subscribe({ ...consumer, deliver: consumer.deliver, timeoutMs: 45_000 })).toThrow(
+      /timeoutMs 45000\) must be below this queue's visibility timeout \(30000 ms\)/,
+    );
+    queue.subscribe({ ...consumer, deliver: consumer.deliver, timeoutMs: 29_999 });
+    await queue.close();
   });
 
   test("with the system clock, a retry comes back after a real delay", async () => {

@@ -12,7 +12,8 @@
  * Glossary: topic = a Vercel queue name ([A-Za-z0-9_-]+), mapped reversibly
  * from our queue names; lease = a received message's lock, identified by its
  * receipt handle; deferral = a republished copy of a message, addressed to one
- * consumer, carrying the attempts already spent.
+ * consumer, carrying the attempts already spent and the deferrals so far
+ * (`Delivery.deferrals`).
  */
 import { createHash } from "node:crypto";
 import {
@@ -256,6 +257,8 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
 interface Deferral {
   readonly consumer: string;
   readonly attemptsSpent: number;
+  /** Earlier deliveries that ended deferred without spending an attempt; 0 when absent (older wrappers). */
+  readonly deferrals: number;
   readonly body: string | Uint8Array;
 }
 
@@ -265,7 +268,7 @@ function deferralKey(consumer: string, messageId: string, deliveryCount: number)
   return key.length <= 256 ? key : `softcrum-deferral:${createHash("sha256").update(key).digest("hex")}`;
 }
 
-function encodeDeferral(consumer: string, attemptsSpent: number, body: string | Uint8Array): Buffer {
+function encodeDeferral(consumer: string, attemptsSpent: number, body: string | Uint8Array, deferrals = 0): Buffer {
   let text: string;
   let encoding: "utf8" | "base64";
   if (typeof body === "string") {
@@ -281,7 +284,14 @@ function encodeDeferral(consumer: string, attemptsSpent: number, body: string | 
     }
   }
   // The mark must stay the first bytes: readDeferral looks for it before parsing.
-  const json = `${DEFERRAL_MARK}${JSON.stringify({ consumer, attempts_spent: attemptsSpent, encoding, body: text }).slice(1)}`;
+  const fields = {
+    consumer,
+    attempts_spent: attemptsSpent,
+    ...(deferrals > 0 ? { deferrals } : {}),
+    encoding,
+    body: text,
+  };
+  const json = `${DEFERRAL_MARK}${JSON.stringify(fields).slice(1)}`;
   return Buffer.from(json, "utf8");
 }
 
@@ -292,12 +302,13 @@ function readDeferral(bytes: Uint8Array): Deferral | undefined {
   if (head !== DEFERRAL_MARK) return undefined;
   try {
     const value = JSON.parse(Buffer.from(bytes).toString("utf8")) as Record<string, unknown>;
-    const { consumer, attempts_spent: spent, encoding, body } = value;
+    const { consumer, attempts_spent: spent, deferrals: deferred = 0, encoding, body } = value;
     if (typeof consumer !== "string" || typeof body !== "string") return undefined;
     if (typeof spent !== "number" || !Number.isInteger(spent) || spent < 0) return undefined;
-    if (encoding === "utf8") return { consumer, attemptsSpent: spent, body };
-    if (encoding === "base64")
-      return { consumer, attemptsSpent: spent, body: new Uint8Array(Buffer.from(body, "base64")) };
+    if (typeof deferred !== "number" || !Number.isInteger(deferred) || deferred < 0) return undefined;
+    const head = { consumer, attemptsSpent: spent, deferrals: deferred };
+    if (encoding === "utf8") return { ...head, body };
+    if (encoding === "base64") return { ...head, body: new Uint8Array(Buffer.from(body, "base64")) };
     return undefined;
   } catch {
     return undefined;
@@ -486,6 +497,12 @@ class VercelQueueAdapter implements VercelQueue {
     if (typeof consumer?.deliver !== "function") {
       throw new InvalidConfigError("the Vercel adapter takes a consumer from bindConsumer()");
     }
+    const leaseMs = this.#config.visibilityTimeoutSeconds * 1000;
+    if (consumer.timeoutMs !== undefined && !(consumer.timeoutMs < leaseMs)) {
+      throw new InvalidConfigError(
+        `consumer "${consumer.name}": its handler time bound (timeoutMs ${consumer.timeoutMs}) must be below the lease (visibilityTimeoutSeconds ${this.#config.visibilityTimeoutSeconds} s), or a run that timed out could still be going when its message is delivered again`,
+      );
+    }
     toVercelTopic(consumer.name);
     return toVercelTopic(consumer.queue);
   }
@@ -524,6 +541,7 @@ class VercelQueueAdapter implements VercelQueue {
     if (deferral && deferral.consumer !== consumer.name) return;
     const body = deferral ? deferral.body : bytes;
     const deliveryCount = (deferral?.attemptsSpent ?? 0) + metadata.deliveryCount;
+    const deferrals = deferral?.deferrals ?? 0;
     const event = { queue: consumer.queue, consumer: consumer.name, messageId: metadata.messageId, deliveryCount };
 
     let result: DeliveryResult;
@@ -533,6 +551,7 @@ class VercelQueueAdapter implements VercelQueue {
         deliveryCount,
         messageId: metadata.messageId,
         ...(deferral ? { targetConsumer: deferral.consumer } : {}),
+        ...(deferrals > 0 ? { deferrals } : {}),
       });
     } catch (thrown) {
       const error = describeError(thrown);
@@ -555,9 +574,11 @@ class VercelQueueAdapter implements VercelQueue {
       this.#emit({ ...event, result, action: "visibility", afterSeconds });
       throw new Directive({ afterSeconds });
     }
-    // A wait that must not count (rate limit), or one longer than a lease can
-    // be: republish with the attempts spent so far, then acknowledge.
+    // A wait that must not count (rate limit, handler never started), or one
+    // longer than a lease can be: republish with the attempts spent and the
+    // deferrals so far, then acknowledge.
     const attemptsSpent = result.spendsAttempt ? deliveryCount : deliveryCount - 1;
+    const deferralsSoFar = result.spendsAttempt ? deferrals : deferrals + 1;
     let delaySeconds = afterSeconds;
     if (delaySeconds > this.#horizonSeconds) {
       this.#logger.warn(
@@ -569,14 +590,15 @@ class VercelQueueAdapter implements VercelQueue {
     try {
       await this.#send(
         topic,
-        encodeDeferral(consumer.name, attemptsSpent, body),
+        encodeDeferral(consumer.name, attemptsSpent, body, deferralsSoFar),
         delaySeconds,
         // Per consumer: every consumer group of the topic sees the same message id,
         // and a shared key would let the provider drop the second group's deferral.
         deferralKey(consumer.name, metadata.messageId, metadata.deliveryCount),
       );
     } catch (thrown) {
-      // The message must not be lost: wait on the lease instead (this wait then counts as an attempt).
+      // The message must not be lost: wait on the lease instead (this wait then
+      // counts as an attempt, and the deferral is not counted in `deferrals`).
       const fallback = Math.min(afterSeconds, VERCEL_MAX_VISIBILITY_SECONDS);
       this.#logger.warn(
         `${consumer.name}: could not republish a deferral (${describeError(thrown)}); delaying the lease ${fallback} s instead`,

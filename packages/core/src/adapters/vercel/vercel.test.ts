@@ -121,6 +121,17 @@ describe("configuration", () => {
     expect(() => createVercelQueue({ ...base, region: "iad1", retentionSeconds: 700_000 })).toThrow(/retentionSeconds/);
   });
 
+  test("a consumer whose handler time bound is not below the lease is refused where it is bound (#8 item 12)", async () => {
+    const queue = createVercelQueue({ env: {}, region: "iad1", token: "t", deploymentId: null });
+    const consumer = bind(pointsConsumer());
+    const slow = { name: consumer.name, queue: consumer.queue, timeoutMs: 300_000, deliver: consumer.deliver };
+    expect(() => queue.pushHandler(slow)).toThrow(InvalidConfigError);
+    expect(() => queue.startWorker(slow)).toThrow(/must be below the lease \(visibilityTimeoutSeconds 300 s\)/);
+    await expect(queue.receiveAvailable(slow)).rejects.toThrow(InvalidConfigError);
+    expect(() => queue.pushHandler({ ...slow, timeoutMs: 299_999 })).not.toThrow();
+    await queue.close();
+  });
+
   test("importing @softcrum/core does not load @vercel/queue", () => {
     // Walk the static import graph of the core's entry point.
     const root = resolve(dirname(fileURLToPath(import.meta.url)), "../../index.ts");
@@ -278,6 +289,24 @@ describe("push mode (route handler)", () => {
     expect(h.fake.leaseCalls.filter((c) => c.method === "DELETE").length).toBe(3);
     expect(h.fake.leaseCalls.every((c) => c.method === "DELETE")).toBe(true);
     expect(h.fake.leaseCalls[0]?.order).toBeGreaterThan(deferrals[0]?.order ?? Number.POSITIVE_INFINITY);
+  });
+
+  test("consecutive rate-limited deliveries wait longer each time: the deferral carries the count of deferrals so far (#8 item 9)", async () => {
+    const h = await open("push");
+    const attempts: number[] = [];
+    const consumer = pointsConsumer((ctx) => {
+      attempts.push(ctx.attempt);
+      if (attempts.length <= 4) throw new RateLimitedError("partner 429"); // no Retry-After
+    });
+    h.subscribe(bind(consumer));
+    await h.queue.publish(consumer.queue, award());
+    await h.settle();
+    expect(attempts).toEqual([1, 1, 1, 1, 1]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+    const deferrals = h.fake.sends.slice(1);
+    expect(deferrals.map((d) => JSON.parse(d.body.toString("utf8")).deferrals)).toEqual([1, 2, 3, 4]);
+    const waits = deferrals.map((d) => d.delaySeconds ?? 0);
+    for (let i = 1; i < waits.length; i++) expect(waits[i]).toBeGreaterThan(waits[i - 1] as number);
   });
 
   test("two consumers of one topic rate-limited on the same message each keep their own deferral", async () => {
