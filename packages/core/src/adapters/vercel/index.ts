@@ -257,6 +257,10 @@ interface Deferral {
   readonly consumer: string;
   readonly attemptsSpent: number;
   readonly body: string | Uint8Array;
+  /** When the original message was due (ms since the epoch): a deferral does not make a job younger. */
+  readonly dueAt?: number;
+  /** An operator's replay (`PublishOptions.replay`), kept through deferrals. */
+  readonly replay?: boolean;
 }
 
 /** The provider idempotency key of a deferral: one per consumer, message and delivery, within the SDK's 256 characters. */
@@ -265,7 +269,12 @@ function deferralKey(consumer: string, messageId: string, deliveryCount: number)
   return key.length <= 256 ? key : `softcrum-deferral:${createHash("sha256").update(key).digest("hex")}`;
 }
 
-function encodeDeferral(consumer: string, attemptsSpent: number, body: string | Uint8Array): Buffer {
+function encodeDeferral(
+  consumer: string,
+  attemptsSpent: number,
+  body: string | Uint8Array,
+  meta: Pick<Deferral, "dueAt" | "replay"> = {},
+): Buffer {
   let text: string;
   let encoding: "utf8" | "base64";
   if (typeof body === "string") {
@@ -281,7 +290,12 @@ function encodeDeferral(consumer: string, attemptsSpent: number, body: string | 
     }
   }
   // The mark must stay the first bytes: readDeferral looks for it before parsing.
-  const json = `${DEFERRAL_MARK}${JSON.stringify({ consumer, attempts_spent: attemptsSpent, encoding, body: text }).slice(1)}`;
+  // due_at and replay are optional: readers that predate them ignore them.
+  const extra = {
+    ...(meta.dueAt !== undefined ? { due_at: meta.dueAt } : {}),
+    ...(meta.replay ? { replay: true } : {}),
+  };
+  const json = `${DEFERRAL_MARK}${JSON.stringify({ consumer, attempts_spent: attemptsSpent, ...extra, encoding, body: text }).slice(1)}`;
   return Buffer.from(json, "utf8");
 }
 
@@ -292,12 +306,16 @@ function readDeferral(bytes: Uint8Array): Deferral | undefined {
   if (head !== DEFERRAL_MARK) return undefined;
   try {
     const value = JSON.parse(Buffer.from(bytes).toString("utf8")) as Record<string, unknown>;
-    const { consumer, attempts_spent: spent, encoding, body } = value;
+    const { consumer, attempts_spent: spent, encoding, body, due_at: dueAt, replay } = value;
     if (typeof consumer !== "string" || typeof body !== "string") return undefined;
     if (typeof spent !== "number" || !Number.isInteger(spent) || spent < 0) return undefined;
-    if (encoding === "utf8") return { consumer, attemptsSpent: spent, body };
+    const meta = {
+      ...(typeof dueAt === "number" && Number.isFinite(dueAt) ? { dueAt } : {}),
+      ...(replay === true ? { replay: true } : {}),
+    };
+    if (encoding === "utf8") return { consumer, attemptsSpent: spent, body, ...meta };
     if (encoding === "base64")
-      return { consumer, attemptsSpent: spent, body: new Uint8Array(Buffer.from(body, "base64")) };
+      return { consumer, attemptsSpent: spent, body: new Uint8Array(Buffer.from(body, "base64")), ...meta };
     return undefined;
   } catch {
     return undefined;
@@ -381,10 +399,18 @@ class VercelQueueAdapter implements VercelQueue {
     const json = JSON.stringify(envelope);
     const target = opts?.targetConsumer;
     if (target !== undefined) toVercelTopic(target); // a consumer name that cannot exist here is refused now
+    if (opts?.replay === true && target === undefined) {
+      throw new InvalidConfigError(
+        `publish(${JSON.stringify(queue)}): a replay must name its targetConsumer (the replay mark travels in the addressed wrapper)`,
+      );
+    }
     // Addressed to one consumer (a replay): every consumer group gets the
     // message, so it travels in the same addressed wrapper as a deferral with
     // no attempt spent, and the others acknowledge it without running.
-    const body = target === undefined ? Buffer.from(json, "utf8") : encodeDeferral(target, 0, json);
+    const body =
+      target === undefined
+        ? Buffer.from(json, "utf8")
+        : encodeDeferral(target, 0, json, { replay: opts?.replay === true });
     return this.#send(topic, body, delaySeconds, key);
   }
 
@@ -524,6 +550,8 @@ class VercelQueueAdapter implements VercelQueue {
     if (deferral && deferral.consumer !== consumer.name) return;
     const body = deferral ? deferral.body : bytes;
     const deliveryCount = (deferral?.attemptsSpent ?? 0) + metadata.deliveryCount;
+    const dueAt = deferral?.dueAt ?? this.#dueAt(metadata);
+    const replay = deferral?.replay === true;
     const event = { queue: consumer.queue, consumer: consumer.name, messageId: metadata.messageId, deliveryCount };
 
     let result: DeliveryResult;
@@ -532,7 +560,9 @@ class VercelQueueAdapter implements VercelQueue {
         body,
         deliveryCount,
         messageId: metadata.messageId,
+        dueAt,
         ...(deferral ? { targetConsumer: deferral.consumer } : {}),
+        ...(replay ? { replay: true } : {}),
       });
     } catch (thrown) {
       const error = describeError(thrown);
@@ -569,7 +599,7 @@ class VercelQueueAdapter implements VercelQueue {
     try {
       await this.#send(
         topic,
-        encodeDeferral(consumer.name, attemptsSpent, body),
+        encodeDeferral(consumer.name, attemptsSpent, body, { dueAt, replay }),
         delaySeconds,
         // Per consumer: every consumer group of the topic sees the same message id,
         // and a shared key would let the provider drop the second group's deferral.
@@ -587,6 +617,23 @@ class VercelQueueAdapter implements VercelQueue {
     }
     this.#emit({ ...event, result, action: "deferred", afterSeconds: delaySeconds });
     throw new Directive({ acknowledge: true });
+  }
+
+  /**
+   * When a message became deliverable. The service reports only when it was
+   * sent (`createdAt`) and when it expires; every send of this adapter asks for
+   * a retention of its delay plus `retentionSeconds`, so the delay is what the
+   * lifetime has beyond `retentionSeconds` (0 for a producer that sent no delay
+   * and kept the default retention). A deferral carries its original's instead.
+   */
+  #dueAt(metadata: MessageMetadata): number {
+    const created = metadata.createdAt.getTime();
+    const lifetimeMs = metadata.expiresAt.getTime() - created;
+    const delayMs = Math.min(
+      Math.max(0, lifetimeMs - this.#config.retentionSeconds * 1000),
+      this.#horizonSeconds * 1000,
+    );
+    return Number.isFinite(delayMs) ? created + delayMs : created;
   }
 
   #emit(event: VercelDeliveryEvent): void {
