@@ -55,22 +55,24 @@ describe("fence TTL cleanup", () => {
     for (const id of expired) expect(await remaining()).not.toContain(id);
   });
 
-  test("keeps the fences of a job whose letter was replayed less than a TTL ago, since the replay may still be delivered (#8 item 4)", async () => {
-    const [recent, edge, old, discarded, pendingAndReplayed] = await fences(5, 30 * HOUR);
+  test("keeps the fences of a job whose letter was replayed (or discarded) less than a TTL ago, since a replay may still be delivered (#8 item 4)", async () => {
+    const [recent, edge, old, discarded, oldDiscarded, pendingAndReplayed] = await fences(6, 30 * HOUR);
     await deadLetter(recent as string, "replayed", 10 * 60_000);
     await deadLetter(edge as string, "replayed", 23 * HOUR);
     await deadLetter(old as string, "replayed", 25 * HOUR);
+    // A replay published whose status change failed leaves the letter pending; it may then be discarded.
     await deadLetter(discarded as string, "discarded", 10 * 60_000);
+    await deadLetter(oldDiscarded as string, "discarded", 25 * HOUR);
     // Replayed, failed again: a new pending letter of the same job.
     await deadLetter(pendingAndReplayed as string, "replayed", 2 * HOUR);
     await deadLetter(pendingAndReplayed as string, "pending_review");
 
     const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 24 * HOUR, consumers: [consumer], batchSize: 2 });
     const dry = await cleanup.run({ dryRun: true });
-    expect(dry).toMatchObject({ deleted: 2, keptForPendingDeadLetters: 1, keptForReplays: 2 });
+    expect(dry).toMatchObject({ deleted: 2, keptForPendingDeadLetters: 1, keptForReplays: 3 });
     const report = await cleanup.run();
-    expect(report).toMatchObject({ deleted: 2, keptForPendingDeadLetters: 1, keptForReplays: 2 });
-    expect(new Set(await remaining())).toEqual(new Set([recent, edge, pendingAndReplayed]));
+    expect(report).toMatchObject({ deleted: 2, keptForPendingDeadLetters: 1, keptForReplays: 3 });
+    expect(new Set(await remaining())).toEqual(new Set([recent, edge, discarded, pendingAndReplayed]));
   });
 
   test("a cleanup run between a replay's publish and its delivery leaves the fence, so the replay is a duplicate (#8 item 4)", async () => {

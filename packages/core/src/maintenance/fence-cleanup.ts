@@ -8,7 +8,10 @@
  * So are rows of jobs whose letter was replayed less than a TTL ago: the
  * replay is a new publication of the job, which the transport may still hold
  * and redeliver (retries, deferrals, its own redelivery) for as long as an
- * original's copies — the window the TTL was checked to cover. A replay in
+ * original's copies — the window the TTL was checked to cover. Letters
+ * discarded less than a TTL ago count too: a replay whose publish went out but
+ * whose status change failed leaves its letter pending, and an operator may
+ * discard it while that replay is still in the transport. A replay in
  * progress (its transaction has not committed yet, or a batch item whose turn
  * has not come) still shows its letter as pending.
  * Deletion goes in bounded batches, each its own short transaction that skips
@@ -46,7 +49,10 @@ export interface CleanupReport {
   readonly deleted: number;
   /** Expired rows kept because their job has a pending dead letter. */
   readonly keptForPendingDeadLetters: number;
-  /** Expired rows kept because their job's letter was replayed less than a TTL ago (the replay may still be delivered). */
+  /**
+   * Expired rows kept because a letter of their job left review (replayed, or
+   * discarded) less than a TTL ago: a replay of it may still be delivered.
+   */
   readonly keptForReplays: number;
   readonly batches: number;
   readonly durationMs: number;
@@ -113,14 +119,14 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
   // Only the fences of the consumers whose windows were checked; database
   // time decides what is expired (processed_at is written with now()).
   const expired = sql`p.consumer in ${names} and p.processed_at < now() - make_interval(secs => ${seconds})`;
-  // A letter that a replay may still depend on: pending, or replayed (its
-  // status_changed_at is set in the transaction that publishes the replay)
-  // less than a TTL ago. Two anti-joins, so the pending one stays a hash of
+  // A letter that a replay may still depend on: pending, or replayed or
+  // discarded (status_changed_at is set in the transaction that publishes a
+  // replay) less than a TTL ago. Two anti-joins, so the pending one stays a hash of
   // the few pending letters (status index) and the replayed one is at most an
   // index probe (dead_letters_job_consumer_idx) per row.
   const noLetterDependsOn = (jobId: SQL) => sql`
     not exists (select 1 from core.dead_letters d where d.job_id = ${jobId}::text and d.status = 'pending_review')
-    and not exists (select 1 from core.dead_letters d where d.job_id = ${jobId}::text and d.status = 'replayed'
+    and not exists (select 1 from core.dead_letters d where d.job_id = ${jobId}::text and d.status in ('replayed', 'discarded')
                       and d.status_changed_at >= now() - make_interval(secs => ${seconds}))`;
   const kept = sql`
     select count(*) filter (where k.pending)::int as pending,
@@ -129,7 +135,7 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
     join (
       select d.job_id, bool_or(d.status = 'pending_review') as pending from core.dead_letters d
       where d.status = 'pending_review'
-         or (d.status = 'replayed' and d.status_changed_at >= now() - make_interval(secs => ${seconds}))
+         or (d.status in ('replayed', 'discarded') and d.status_changed_at >= now() - make_interval(secs => ${seconds}))
       group by d.job_id
     ) k on k.job_id = p.job_id::text
     where ${expired}`;
