@@ -132,9 +132,14 @@ describe.each(transports)("maxAgeMs on %s", (_name, open) => {
     );
   });
 
-  test("a replay of an expired letter runs: an operator asked for it (#8 item 10)", async () => {
+  test("a replay of an expired letter runs, even after a rate-limit deferral: an operator asked for it (#8 item 10)", async () => {
     const t = await start();
-    const consumer = expiringConsumer();
+    let runs = 0;
+    const consumer = expiringConsumer(() => {
+      runs += 1;
+      // Longer than the maximum age: the deferred copy must still be known as a replay.
+      if (runs === 1) throw new RateLimitedError("provider says wait", { retryAfterMs: 90 * MINUTE });
+    });
     const envelope = award();
     await t.port.publish(consumer.queue, envelope);
     t.advance(2 * HOUR);
@@ -146,7 +151,8 @@ describe.each(transports)("maxAgeMs on %s", (_name, open) => {
     const ops = createOps({ db: pg.db, queue: t.port });
     const report = await ops.deadLetters.replay([letter?.id as string], { operator: "ana", reason: "still wanted" });
     expect(report.counts).toEqual({ replayed: 1 });
-    await t.settle();
+    await t.settle(3 * HOUR);
+    expect(runs).toBe(2);
     expect(await effectJobs(consumer.name)).toEqual([envelope.job_id]);
     const after = await letters(consumer.name);
     expect(after.map((l) => [l.id, l.status])).toEqual([[letter?.id, "replayed"]]);
