@@ -9,6 +9,7 @@ import { z } from "zod";
 import { effects, silentLogger, useEffectsDatabase } from "../test/fixtures.ts";
 import { vercelHarness } from "../test/vercel-transport.ts";
 import { createMemoryQueue } from "./adapters/memory/index.ts";
+import { toVercelTopic } from "./adapters/vercel/index.ts";
 import { createManualClock } from "./clock.ts";
 import { bindConsumer, defineConsumer, type HandlerContext } from "./consumer.ts";
 import { deadLetters } from "./db/schema.ts";
@@ -174,5 +175,26 @@ describe.each(transports)("maxAgeMs on %s", (_name, open) => {
     const [letter] = await letters(consumer.name);
     expect(letter).toMatchObject({ jobId: envelope.job_id, errorClass: "expired" });
     expect(letter?.lastError).toMatch(/^job has been due for 5400000 ms,/);
+  });
+});
+
+describe("maxAgeMs on Vercel Queues: a message another producer sent", () => {
+  test("a lifetime that is not this adapter's (another retention) never makes a job due in the future (#8 item 10)", async () => {
+    // This adapter keeps 1 h after the delay; the other producer kept the default day and sent no delay.
+    const h = await vercelHarness("poll", { retentionSeconds: 3_600 });
+    try {
+      const consumer = expiringConsumer();
+      const envelope = award();
+      h.fake.inject(toVercelTopic(consumer.queue), JSON.stringify(envelope));
+      h.fake.clock.advance(2 * HOUR);
+      h.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger, now: () => h.now() }));
+      await h.settle();
+      expect(await effectJobs(consumer.name)).toEqual([]);
+      const [letter] = await letters(consumer.name);
+      expect(letter).toMatchObject({ jobId: envelope.job_id, errorClass: "expired" });
+      expect(letter?.lastError).toMatch(/^job has been due for 7200000 ms,/);
+    } finally {
+      await h.close();
+    }
   });
 });

@@ -36,6 +36,8 @@ export const VERCEL_MAX_VISIBILITY_SECONDS = 3_600;
 const MIN_RETENTION_SECONDS = 60;
 const MIN_VISIBILITY_SECONDS = 30;
 const MAX_IDEMPOTENCY_KEY = 256;
+/** Clock difference tolerated between the service's timestamps and ours when reading a due time. */
+const DUE_AT_SKEW_MS = 300_000;
 const REGION_PATTERN = /^[a-z]{2,5}[0-9]{1,2}$/;
 
 export interface VercelQueueOptions {
@@ -625,6 +627,9 @@ class VercelQueueAdapter implements VercelQueue {
    * a retention of its delay plus `retentionSeconds`, so the delay is what the
    * lifetime has beyond `retentionSeconds` (0 for a producer that sent no delay
    * and kept the default retention). A deferral carries its original's instead.
+   * A due time well after now cannot be (the message is here): the lifetime was
+   * not ours (another producer's retention, or the SDK's default when the
+   * service sent none), so the send time is used.
    */
   #dueAt(metadata: MessageMetadata): number {
     const created = metadata.createdAt.getTime();
@@ -633,7 +638,8 @@ class VercelQueueAdapter implements VercelQueue {
       Math.max(0, lifetimeMs - this.#config.retentionSeconds * 1000),
       this.#horizonSeconds * 1000,
     );
-    return Number.isFinite(delayMs) ? created + delayMs : created;
+    const due = created + delayMs;
+    return Number.isFinite(due) && due <= this.#clock.now() + DUE_AT_SKEW_MS ? due : created;
   }
 
   #emit(event: VercelDeliveryEvent): void {
