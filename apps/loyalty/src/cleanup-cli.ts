@@ -27,8 +27,8 @@ try {
   const report = await cleanup.run({ dryRun });
   console.log(
     dryRun
-      ? `dry run: would delete ${report.deleted} fence rows older than ${hours} h; ${report.keptForPendingDeadLetters} expired rows are kept for pending dead letters`
-      : `deleted ${report.deleted} fence rows older than ${hours} h in ${report.batches} batches (${report.durationMs} ms); kept ${report.keptForPendingDeadLetters} for pending dead letters`,
+      ? `dry run: would delete ${report.deleted} fence rows older than ${hours} h; ${report.keptForPendingDeadLetters} expired rows are kept for pending dead letters, ${report.keptForReplays} for recent replays`
+      : `deleted ${report.deleted} fence rows older than ${hours} h in ${report.batches} batches (${report.durationMs} ms); kept ${report.keptForPendingDeadLetters} for pending dead letters and ${report.keptForReplays} for recent replays`,
   );
 } catch (error) {
   console.error(`fence cleanup failed: ${error instanceof Error ? error.message : String(error)}`);

@@ -70,7 +70,11 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
   readonly handle: (data: z.output<TSchema>, ctx: HandlerContext) => Promise<void>;
   /** Overrides of the platform retry policy; needs a justification in the module's spec. @default DEFAULT_RETRY_POLICY */
   readonly retry?: Partial<RetryPolicy>;
-  /** Business validity: a job older than this (from its job_id's timestamp) is dead-lettered as `expired`. @default no limit */
+  /**
+   * Business validity: a job delivered more than this after it was due (the
+   * transport's `Delivery.dueAt`: publish time plus delay; else its job_id's
+   * timestamp) is dead-lettered as `expired`. Replays are never expired. @default no limit
+   */
   readonly maxAgeMs?: number;
   /**
    * Jobs with the same key run one at a time (a transaction-scoped advisory
@@ -276,13 +280,19 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         envelope,
       });
     }
-    if (consumer.maxAgeMs !== undefined) {
-      const age = this.#now() - jobCreatedAt(envelope.job_id);
+    // Age counts from when the message was due (a job scheduled ahead is not
+    // old on arrival); a replay an operator asked for is never expired.
+    if (consumer.maxAgeMs !== undefined && delivery.replay !== true) {
+      const dueAt =
+        typeof delivery.dueAt === "number" && Number.isFinite(delivery.dueAt)
+          ? delivery.dueAt
+          : jobCreatedAt(envelope.job_id);
+      const age = this.#now() - dueAt;
       if (age > consumer.maxAgeMs) {
         return this.#deadLetterUnlessCommitted({
           errorClass: "expired",
           attempts: attempt - 1,
-          error: `job is ${age} ms old, past ${consumer.name}'s maximum age of ${consumer.maxAgeMs} ms`,
+          error: `job has been due for ${age} ms, past ${consumer.name}'s maximum age of ${consumer.maxAgeMs} ms`,
           received,
           envelope,
         });

@@ -18,6 +18,13 @@ export interface PublishOptions {
    * consumer's harness acknowledges and skips it. @default every consumer
    */
   readonly targetConsumer?: string;
+  /**
+   * An operator's replay of a dead letter: delivered with `Delivery.replay`,
+   * so the harness does not expire it (`maxAgeMs`) — someone decided it must
+   * run. Adapters that can only carry it in an addressed message require
+   * `targetConsumer` with it. @default false
+   */
+  readonly replay?: boolean;
 }
 
 export interface PublishReceipt {
@@ -59,6 +66,14 @@ export interface Delivery {
   readonly messageId?: string | undefined;
   /** Set when the message was published for one consumer only (`PublishOptions.targetConsumer`). */
   readonly targetConsumer?: string | undefined;
+  /**
+   * When the message became deliverable, in ms since the epoch: its publish
+   * time plus its delay (`delayMs`, `schedule`'s runAt). A consumer's
+   * `maxAgeMs` counts from it; without it, from the job_id's creation time.
+   */
+  readonly dueAt?: number | undefined;
+  /** Set when the message is an operator's replay (`PublishOptions.replay`): it is never expired. */
+  readonly replay?: boolean | undefined;
 }
 
 /**

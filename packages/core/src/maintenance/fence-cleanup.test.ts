@@ -2,9 +2,12 @@ import { uuidv7 } from "uuidv7";
 import { describe, expect, test } from "vitest";
 import { z } from "zod";
 import { effectConsumer, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
+import { createMemoryQueue } from "../adapters/memory/index.ts";
+import { createManualClock } from "../clock.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { createEnvelope } from "../envelope.ts";
 import { InvalidConfigError } from "../errors.ts";
+import { createOps } from "../ops/index.ts";
 import { createFenceCleanup, scheduleFenceCleanup } from "./fence-cleanup.ts";
 
 const pg = useEffectsDatabase("fence-cleanup");
@@ -19,12 +22,15 @@ async function fences(count: number, ageMs: number, consumerName = "cleanup.awar
     select unnest(${ids}::uuid[]), ${consumerName}, now() - make_interval(secs => ${ageMs / 1000})`;
   return ids;
 }
-async function deadLetter(jobId: string, status: "pending_review" | "replayed" | "discarded") {
+/** A dead letter of `jobId`; a replayed or discarded one changed status `changedAgoMs` ago (database time). */
+async function deadLetter(jobId: string, status: "pending_review" | "replayed" | "discarded", changedAgoMs = 0) {
+  const changed = status !== "pending_review";
   await pg.sql`
     insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class, status,
                                    status_changed_at, status_changed_by, status_reason)
     values (${uuidv7()}, ${jobId}, 'q', 'other.consumer', '{}', 5, 'e', 'exhausted', ${status},
-            ${status === "pending_review" ? null : new Date().toISOString()}::timestamptz, ${status === "pending_review" ? null : "ops"}, 'r')`;
+            case when ${changed} then now() - make_interval(secs => ${changedAgoMs / 1000}) end,
+            ${changed ? "ops" : null}, 'r')`;
 }
 const remaining = async () =>
   (await pg.sql<{ job_id: string }[]>`select job_id from core.processed_jobs`).map((r) => r.job_id);
@@ -35,18 +41,73 @@ describe("fence TTL cleanup", () => {
     const fresh = await fences(3, 10 * 60_000);
     const [protectedJob, replayedJob] = await fences(2, 30 * HOUR);
     await deadLetter(protectedJob as string, "pending_review");
-    await deadLetter(replayedJob as string, "replayed");
+    await deadLetter(replayedJob as string, "replayed", 25 * HOUR); // replayed longer than a TTL ago
 
     const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 24 * HOUR, consumers: [consumer], batchSize: 2 });
     const dry = await cleanup.run({ dryRun: true });
-    expect(dry).toMatchObject({ deleted: 6, keptForPendingDeadLetters: 1, dryRun: true });
+    expect(dry).toMatchObject({ deleted: 6, keptForPendingDeadLetters: 1, keptForReplays: 0, dryRun: true });
     expect(await remaining()).toHaveLength(10);
 
     const report = await cleanup.run();
-    expect(report).toMatchObject({ deleted: 6, keptForPendingDeadLetters: 1, dryRun: false });
+    expect(report).toMatchObject({ deleted: 6, keptForPendingDeadLetters: 1, keptForReplays: 0, dryRun: false });
     expect(report.batches).toBe(4); // 2 + 2 + 2 + an empty one that ends the run
     expect(new Set(await remaining())).toEqual(new Set([...fresh, protectedJob]));
     for (const id of expired) expect(await remaining()).not.toContain(id);
+  });
+
+  test("keeps the fences of a job whose letter was replayed (or discarded) less than a TTL ago, since a replay may still be delivered (#8 item 4)", async () => {
+    const [recent, edge, old, discarded, oldDiscarded, pendingAndReplayed] = await fences(6, 30 * HOUR);
+    await deadLetter(recent as string, "replayed", 10 * 60_000);
+    await deadLetter(edge as string, "replayed", 23 * HOUR);
+    await deadLetter(old as string, "replayed", 25 * HOUR);
+    // A replay published whose status change failed leaves the letter pending; it may then be discarded.
+    await deadLetter(discarded as string, "discarded", 10 * 60_000);
+    await deadLetter(oldDiscarded as string, "discarded", 25 * HOUR);
+    // Replayed, failed again: a new pending letter of the same job.
+    await deadLetter(pendingAndReplayed as string, "replayed", 2 * HOUR);
+    await deadLetter(pendingAndReplayed as string, "pending_review");
+
+    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 24 * HOUR, consumers: [consumer], batchSize: 2 });
+    const dry = await cleanup.run({ dryRun: true });
+    expect(dry).toMatchObject({ deleted: 2, keptForPendingDeadLetters: 1, keptForReplays: 3 });
+    const report = await cleanup.run();
+    expect(report).toMatchObject({ deleted: 2, keptForPendingDeadLetters: 1, keptForReplays: 3 });
+    expect(new Set(await remaining())).toEqual(new Set([recent, edge, discarded, pendingAndReplayed]));
+  });
+
+  test("a cleanup run between a replay's publish and its delivery leaves the fence, so the replay is a duplicate (#8 item 4)", async () => {
+    // A job whose fence committed long ago while a letter of it waited for review
+    // (a letter of another consumer of the queue, or one written before #8 item 3).
+    const [jobId] = await fences(1, 30 * HOUR);
+    const envelope = createEnvelope({
+      jobId: jobId as string,
+      tenantId: "t",
+      kind: "points.award.v1",
+      data: { customerId: "c", points: 1 },
+    });
+    const letterId = uuidv7();
+    await pg.sql`
+      insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+      values (${letterId}, ${jobId as string}, ${consumer.queue}, ${consumer.name}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+    // The replay is published; nobody has received it yet.
+    const queue = createMemoryQueue({ clock: createManualClock() });
+    const ops = createOps({ db: pg.db, queue });
+    const replayed = await ops.deadLetters.replay([letterId], { operator: "ana", reason: "provider fixed" });
+    expect(replayed.counts).toEqual({ replayed: 1 });
+    expect(queue.pending()).toBe(1);
+
+    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 24 * HOUR, consumers: [consumer] });
+    const report = await cleanup.run();
+
+    const outcomes: string[] = [];
+    queue.onDelivery((e) => outcomes.push(e.result.outcome));
+    queue.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger }));
+    await queue.drain();
+    await queue.close();
+    expect(outcomes).toEqual(["duplicate"]);
+    const [effects] = await pg.sql<{ n: number }[]>`select count(*)::int as n from test_effects`;
+    expect(effects?.n).toBe(0);
+    expect(report).toMatchObject({ deleted: 0, keptForReplays: 1 });
   });
 
   test("never deletes a row inside its retry window, even with the shortest TTL allowed", async () => {

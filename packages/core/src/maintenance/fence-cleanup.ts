@@ -5,11 +5,20 @@
  * consumer (with a safety margin) before anything is deleted. Rows of jobs
  * that still have a pending dead letter are kept whatever their age, because
  * replaying that letter must stay a no-op for the consumers that succeeded.
+ * So are rows of jobs whose letter was replayed less than a TTL ago: the
+ * replay is a new publication of the job, which the transport may still hold
+ * and redeliver (retries, deferrals, its own redelivery) for as long as an
+ * original's copies — the window the TTL was checked to cover. Letters
+ * discarded less than a TTL ago count too: a replay whose publish went out but
+ * whose status change failed leaves its letter pending, and an operator may
+ * discard it while that replay is still in the transport. A replay in
+ * progress (its transaction has not committed yet, or a batch item whose turn
+ * has not come) still shows its letter as pending.
  * Deletion goes in bounded batches, each its own short transaction that skips
  * rows another transaction holds, so live consumers inserting fences are never
  * blocked for long.
  */
-import { sql } from "drizzle-orm";
+import { type SQL, sql } from "drizzle-orm";
 import type { AnyPgDatabase, Consumer } from "../consumer.ts";
 import { InvalidConfigError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
@@ -40,6 +49,11 @@ export interface CleanupReport {
   readonly deleted: number;
   /** Expired rows kept because their job has a pending dead letter. */
   readonly keptForPendingDeadLetters: number;
+  /**
+   * Expired rows kept because a letter of their job left review (replayed, or
+   * discarded) less than a TTL ago: a replay of it may still be delivered.
+   */
+  readonly keptForReplays: number;
   readonly batches: number;
   readonly durationMs: number;
   readonly dryRun: boolean;
@@ -102,26 +116,43 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
   }
   const names = options.consumers.map((c) => c.name);
   const seconds = ttlMs / 1000;
-  // Database time decides what is expired: processed_at is written with now().
   // Only the fences of the consumers whose windows were checked; database
   // time decides what is expired (processed_at is written with now()).
   const expired = sql`p.consumer in ${names} and p.processed_at < now() - make_interval(secs => ${seconds})`;
-  const pending = sql`exists (select 1 from core.dead_letters d where d.job_id = p.job_id::text and d.status = 'pending_review')`;
+  // A letter that a replay may still depend on: pending, or replayed or
+  // discarded (status_changed_at is set in the transaction that publishes a
+  // replay) less than a TTL ago. Two anti-joins, so the pending one stays a hash of
+  // the few pending letters (status index) and the replayed one is at most an
+  // index probe (dead_letters_job_consumer_idx) per row.
+  const noLetterDependsOn = (jobId: SQL) => sql`
+    not exists (select 1 from core.dead_letters d where d.job_id = ${jobId}::text and d.status = 'pending_review')
+    and not exists (select 1 from core.dead_letters d where d.job_id = ${jobId}::text and d.status in ('replayed', 'discarded')
+                      and d.status_changed_at >= now() - make_interval(secs => ${seconds}))`;
+  const kept = sql`
+    select count(*) filter (where k.pending)::int as pending,
+           count(*) filter (where not k.pending)::int as replays
+    from core.processed_jobs p
+    join (
+      select d.job_id, bool_or(d.status = 'pending_review') as pending from core.dead_letters d
+      where d.status = 'pending_review'
+         or (d.status in ('replayed', 'discarded') and d.status_changed_at >= now() - make_interval(secs => ${seconds}))
+      group by d.job_id
+    ) k on k.job_id = p.job_id::text
+    where ${expired}`;
 
   return {
     ttlMs,
     async run(runOptions = {}) {
       const started = performance.now();
-      const [kept] = rowsOf<{ n: number }>(
-        await db.execute(sql`select count(*)::int as n from core.processed_jobs p where ${expired} and ${pending}`),
-      );
+      const [keptRow] = rowsOf<{ pending: number; replays: number }>(await db.execute(kept));
+      const keptCounts = { pending: keptRow?.pending ?? 0, replays: keptRow?.replays ?? 0 };
       if (runOptions.dryRun) {
         const [would] = rowsOf<{ n: number }>(
           await db.execute(
-            sql`select count(*)::int as n from core.processed_jobs p where ${expired} and not ${pending}`,
+            sql`select count(*)::int as n from core.processed_jobs p where ${expired} and ${noLetterDependsOn(sql`p.job_id`)}`,
           ),
         );
-        return report(would?.n ?? 0, kept?.n ?? 0, 0, started, true);
+        return report(would?.n ?? 0, keptCounts, 0, started, true);
       }
       let deleted = 0;
       let batches = 0;
@@ -145,7 +176,7 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
           ), victim as (
             delete from core.processed_jobs t using page
             where t.job_id = page.job_id and t.consumer = page.consumer
-              and not exists (select 1 from core.dead_letters d where d.job_id = page.job_id::text and d.status = 'pending_review')
+              and ${noLetterDependsOn(sql`page.job_id`)}
             returning 1
           )
           select (select count(*)::int from victim) as deleted,
@@ -160,15 +191,22 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         after = { at, jobId, consumer };
         if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
       }
-      return report(deleted, kept?.n ?? 0, batches, started, false);
+      return report(deleted, keptCounts, batches, started, false);
     },
   };
 }
 
-function report(deleted: number, kept: number, batches: number, started: number, dryRun: boolean): CleanupReport {
+function report(
+  deleted: number,
+  kept: { pending: number; replays: number },
+  batches: number,
+  started: number,
+  dryRun: boolean,
+): CleanupReport {
   return {
     deleted,
-    keptForPendingDeadLetters: kept,
+    keptForPendingDeadLetters: kept.pending,
+    keptForReplays: kept.replays,
     batches,
     durationMs: Math.round(performance.now() - started),
     dryRun,

@@ -287,7 +287,8 @@ export class DeadLetterOperations {
         // Only to the letter's consumer: the queue's other consumers either
         // have their fence already or had their own letter for this job
         // handled separately (perhaps discarded on purpose).
-        await this.queue.publish(claimed.queue, envelope, { targetConsumer: claimed.consumer });
+        // Marked as a replay: an operator asked for it, so it is not expired (maxAgeMs).
+        await this.queue.publish(claimed.queue, envelope, { targetConsumer: claimed.consumer, replay: true });
         published = true;
         this.metrics.replayed(claimed);
         return { outcome: "replayed" as const };

@@ -215,7 +215,7 @@ describe("replay", () => {
     await queue.drain();
     expect(report.counts).toEqual({ replayed: 1 });
     // The original envelope, addressed to the letter's consumer, with no dedup key.
-    expect(published).toEqual([{ queue: QUEUE, envelope, opts: { targetConsumer: "ops.award" } }]);
+    expect(published).toEqual([{ queue: QUEUE, envelope, opts: { targetConsumer: "ops.award", replay: true } }]);
     expect(await effectsOf(envelope.job_id)).toBe(1);
     expect(await letter(id as string)).toMatchObject({
       status: "replayed",

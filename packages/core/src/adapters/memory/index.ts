@@ -100,6 +100,10 @@ interface Message {
   readonly id: string;
   readonly body: string | Uint8Array;
   readonly target: string | undefined;
+  /** An operator's replay (`PublishOptions.replay`). */
+  readonly replay: boolean;
+  /** When it first became deliverable (publish time + delay); retries and deferrals do not move it. */
+  readonly dueAt: number;
   visibleAt: number;
   /** Deliveries that counted as attempts. */
   deliveries: number;
@@ -195,7 +199,17 @@ class InMemoryQueue implements MemoryQueue {
         `no consumer "${target}" is subscribed to "${queue}" here; the message would reach no one`,
       );
     }
-    const copy = (): Message => ({ id, body, target, visibleAt: now + delayMs, deliveries: 0, inFlight: false });
+    const replay = opts?.replay === true;
+    const copy = (): Message => ({
+      id,
+      body,
+      target,
+      replay,
+      dueAt: now + delayMs,
+      visibleAt: now + delayMs,
+      deliveries: 0,
+      inFlight: false,
+    });
     if (subscriptions.length === 0) {
       const held = this.#unrouted.get(queue) ?? [];
       held.push(copy());
@@ -326,8 +340,10 @@ class InMemoryQueue implements MemoryQueue {
           body: message.body,
           deliveryCount,
           messageId: message.id,
+          dueAt: message.dueAt,
           ...(message.target === undefined ? {} : { targetConsumer: message.target }),
           ...(deferrals > 0 ? { deferrals } : {}),
+          ...(message.replay ? { replay: true } : {}),
         });
       } catch (thrown) {
         result = { outcome: "thrown", error: describeError(thrown) };

@@ -36,13 +36,16 @@ describe("memory queue", () => {
   });
 
   test("delivers the envelope as JSON text with delivery count 1, and removes it on ack", async () => {
-    const queue = createMemoryQueue({ clock: createManualClock() });
+    const clock = createManualClock();
+    const queue = createMemoryQueue({ clock });
     const { consumer, seen } = scripted("q", () => ack);
     queue.subscribe(consumer);
     const envelope = job();
     const receipt = await queue.publish("q", envelope);
     await queue.drain();
-    expect(seen).toEqual([{ body: JSON.stringify(envelope), deliveryCount: 1, messageId: receipt.messageId }]);
+    expect(seen).toEqual([
+      { body: JSON.stringify(envelope), deliveryCount: 1, messageId: receipt.messageId, dueAt: clock.now() },
+    ]);
     expect(queue.pending()).toBe(0);
     await queue.close();
   });

@@ -37,6 +37,8 @@ export const VERCEL_MAX_VISIBILITY_SECONDS = 3_600;
 const MIN_RETENTION_SECONDS = 60;
 const MIN_VISIBILITY_SECONDS = 30;
 const MAX_IDEMPOTENCY_KEY = 256;
+/** Clock difference tolerated between the service's timestamps and ours when reading a due time. */
+const DUE_AT_SKEW_MS = 300_000;
 const REGION_PATTERN = /^[a-z]{2,5}[0-9]{1,2}$/;
 
 export interface VercelQueueOptions {
@@ -260,6 +262,10 @@ interface Deferral {
   /** Earlier deliveries that ended deferred without spending an attempt; 0 when absent (older wrappers). */
   readonly deferrals: number;
   readonly body: string | Uint8Array;
+  /** When the original message was due (ms since the epoch): a deferral does not make a job younger. */
+  readonly dueAt?: number;
+  /** An operator's replay (`PublishOptions.replay`), kept through deferrals. */
+  readonly replay?: boolean;
 }
 
 /** The provider idempotency key of a deferral: one per consumer, message and delivery, within the SDK's 256 characters. */
@@ -268,7 +274,12 @@ function deferralKey(consumer: string, messageId: string, deliveryCount: number)
   return key.length <= 256 ? key : `softcrum-deferral:${createHash("sha256").update(key).digest("hex")}`;
 }
 
-function encodeDeferral(consumer: string, attemptsSpent: number, body: string | Uint8Array, deferrals = 0): Buffer {
+function encodeDeferral(
+  consumer: string,
+  attemptsSpent: number,
+  body: string | Uint8Array,
+  meta: Pick<Deferral, "dueAt" | "replay"> & { readonly deferrals?: number } = {},
+): Buffer {
   let text: string;
   let encoding: "utf8" | "base64";
   if (typeof body === "string") {
@@ -284,10 +295,13 @@ function encodeDeferral(consumer: string, attemptsSpent: number, body: string | 
     }
   }
   // The mark must stay the first bytes: readDeferral looks for it before parsing.
+  // deferrals, due_at and replay are optional: readers that predate them ignore them.
   const fields = {
     consumer,
     attempts_spent: attemptsSpent,
-    ...(deferrals > 0 ? { deferrals } : {}),
+    ...(meta.deferrals !== undefined && meta.deferrals > 0 ? { deferrals: meta.deferrals } : {}),
+    ...(meta.dueAt !== undefined ? { due_at: meta.dueAt } : {}),
+    ...(meta.replay ? { replay: true } : {}),
     encoding,
     body: text,
   };
@@ -302,11 +316,17 @@ function readDeferral(bytes: Uint8Array): Deferral | undefined {
   if (head !== DEFERRAL_MARK) return undefined;
   try {
     const value = JSON.parse(Buffer.from(bytes).toString("utf8")) as Record<string, unknown>;
-    const { consumer, attempts_spent: spent, deferrals: deferred = 0, encoding, body } = value;
+    const { consumer, attempts_spent: spent, deferrals: deferred = 0, encoding, body, due_at: dueAt, replay } = value;
     if (typeof consumer !== "string" || typeof body !== "string") return undefined;
     if (typeof spent !== "number" || !Number.isInteger(spent) || spent < 0) return undefined;
     if (typeof deferred !== "number" || !Number.isInteger(deferred) || deferred < 0) return undefined;
-    const head = { consumer, attemptsSpent: spent, deferrals: deferred };
+    const head = {
+      consumer,
+      attemptsSpent: spent,
+      deferrals: deferred,
+      ...(typeof dueAt === "number" && Number.isFinite(dueAt) ? { dueAt } : {}),
+      ...(replay === true ? { replay: true } : {}),
+    };
     if (encoding === "utf8") return { ...head, body };
     if (encoding === "base64") return { ...head, body: new Uint8Array(Buffer.from(body, "base64")) };
     return undefined;
@@ -392,10 +412,18 @@ class VercelQueueAdapter implements VercelQueue {
     const json = JSON.stringify(envelope);
     const target = opts?.targetConsumer;
     if (target !== undefined) toVercelTopic(target); // a consumer name that cannot exist here is refused now
+    if (opts?.replay === true && target === undefined) {
+      throw new InvalidConfigError(
+        `publish(${JSON.stringify(queue)}): a replay must name its targetConsumer (the replay mark travels in the addressed wrapper)`,
+      );
+    }
     // Addressed to one consumer (a replay): every consumer group gets the
     // message, so it travels in the same addressed wrapper as a deferral with
     // no attempt spent, and the others acknowledge it without running.
-    const body = target === undefined ? Buffer.from(json, "utf8") : encodeDeferral(target, 0, json);
+    const body =
+      target === undefined
+        ? Buffer.from(json, "utf8")
+        : encodeDeferral(target, 0, json, { replay: opts?.replay === true });
     return this.#send(topic, body, delaySeconds, key);
   }
 
@@ -542,6 +570,8 @@ class VercelQueueAdapter implements VercelQueue {
     const body = deferral ? deferral.body : bytes;
     const deliveryCount = (deferral?.attemptsSpent ?? 0) + metadata.deliveryCount;
     const deferrals = deferral?.deferrals ?? 0;
+    const dueAt = deferral?.dueAt ?? this.#dueAt(metadata);
+    const replay = deferral?.replay === true;
     const event = { queue: consumer.queue, consumer: consumer.name, messageId: metadata.messageId, deliveryCount };
 
     let result: DeliveryResult;
@@ -550,8 +580,10 @@ class VercelQueueAdapter implements VercelQueue {
         body,
         deliveryCount,
         messageId: metadata.messageId,
+        dueAt,
         ...(deferral ? { targetConsumer: deferral.consumer } : {}),
         ...(deferrals > 0 ? { deferrals } : {}),
+        ...(replay ? { replay: true } : {}),
       });
     } catch (thrown) {
       const error = describeError(thrown);
@@ -590,7 +622,7 @@ class VercelQueueAdapter implements VercelQueue {
     try {
       await this.#send(
         topic,
-        encodeDeferral(consumer.name, attemptsSpent, body, deferralsSoFar),
+        encodeDeferral(consumer.name, attemptsSpent, body, { dueAt, replay, deferrals: deferralsSoFar }),
         delaySeconds,
         // Per consumer: every consumer group of the topic sees the same message id,
         // and a shared key would let the provider drop the second group's deferral.
@@ -609,6 +641,27 @@ class VercelQueueAdapter implements VercelQueue {
     }
     this.#emit({ ...event, result, action: "deferred", afterSeconds: delaySeconds });
     throw new Directive({ acknowledge: true });
+  }
+
+  /**
+   * When a message became deliverable. The service reports only when it was
+   * sent (`createdAt`) and when it expires; every send of this adapter asks for
+   * a retention of its delay plus `retentionSeconds`, so the delay is what the
+   * lifetime has beyond `retentionSeconds` (0 for a producer that sent no delay
+   * and kept the default retention). A deferral carries its original's instead.
+   * A due time well after now cannot be (the message is here): the lifetime was
+   * not ours (another producer's retention, or the SDK's default when the
+   * service sent none), so the send time is used.
+   */
+  #dueAt(metadata: MessageMetadata): number {
+    const created = metadata.createdAt.getTime();
+    const lifetimeMs = metadata.expiresAt.getTime() - created;
+    const delayMs = Math.min(
+      Math.max(0, lifetimeMs - this.#config.retentionSeconds * 1000),
+      this.#horizonSeconds * 1000,
+    );
+    const due = created + delayMs;
+    return Number.isFinite(due) && due <= this.#clock.now() + DUE_AT_SKEW_MS ? due : created;
   }
 
   #emit(event: VercelDeliveryEvent): void {
