@@ -186,30 +186,25 @@ function withoutUndefined<T extends object>(value: T): T {
   return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined)) as T;
 }
 
-/** What an alert says about the error: the redacted message plus the Postgres facts. */
+/** What an alert says about the error: the redacted message plus the Postgres facts it has. */
 export interface AlertErrorFields {
   /** Redacted and cut to `ALERT_ERROR_MAX` characters. */
   readonly error: string;
-  readonly sqlState: string | null;
-  readonly constraint: string | null;
-  readonly column: string | null;
-  readonly table: string | null;
+  readonly sqlState?: string;
+  readonly constraint?: string;
+  readonly column?: string;
+  readonly table?: string;
 }
 
 /**
  * The error fields of a dead-letter alert: `message` is the dead letter's
  * full error text, `thrown` what the handler threw (when there was a throw).
+ * Facts the error does not have are left out.
  */
 export function alertErrorFields(message: string, thrown?: unknown): AlertErrorFields {
-  const facts = postgresErrorFacts(thrown);
-  const keep = [facts.constraint, facts.column, facts.table, facts.schema].filter((n): n is string => n !== undefined);
-  return {
-    error: cut(redactErrorMessage(message, keep), ALERT_ERROR_MAX),
-    sqlState: facts.sqlState ?? null,
-    constraint: facts.constraint ?? null,
-    column: facts.column ?? null,
-    table: facts.table ?? null,
-  };
+  const { schema, ...facts } = postgresErrorFacts(thrown);
+  const keep = [facts.constraint, facts.column, facts.table, schema].filter((n): n is string => n !== undefined);
+  return { error: cut(redactErrorMessage(message, keep), ALERT_ERROR_MAX), ...facts };
 }
 
 /** Cuts without leaving half a mask (`<reda`), which a later redaction could not recognise. */
