@@ -140,5 +140,7 @@ describe("postgresErrorFacts / alertErrorFields (#8 item 14)", () => {
     const long = alertErrorFields(`Error: ${"x".repeat(600)} "secret"`);
     expect(long.error.length).toBeLessThanOrEqual(500);
     expect(Object.keys(long)).toEqual(["error"]);
+    // A quoted value the clip cuts open is masked to the end.
+    expect(alertErrorFields(`Error: value "${"x".repeat(5000)}"`).error).toBe('Error: value "<redacted>');
   });
 });

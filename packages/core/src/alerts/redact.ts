@@ -82,6 +82,7 @@ const WORD = /[A-Za-z0-9_]/;
 function maskQuoted(text: string, quote: string, keep: (inner: string, before: string) => boolean): string {
   let out = "";
   let i = 0;
+  let lineEnd = -1;
   while (i < text.length) {
     const c = text[i] as string;
     if (c !== quote || (i > 0 && WORD.test(text[i - 1] as string))) {
@@ -89,7 +90,10 @@ function maskQuoted(text: string, quote: string, keep: (inner: string, before: s
       i += 1;
       continue;
     }
-    const lineEnd = text.indexOf("\n", i) === -1 ? text.length : text.indexOf("\n", i);
+    if (lineEnd < i) {
+      const newline = text.indexOf("\n", i);
+      lineEnd = newline === -1 ? text.length : newline;
+    }
     let close = -1;
     for (let j = i + 1; j < lineEnd; j++) {
       if (text[j] === quote && (j + 1 >= text.length || !WORD.test(text[j + 1] as string))) {
@@ -124,7 +128,7 @@ function redactSql(query: string): string {
 function maskUnquoted(text: string): string {
   return (
     text
-      .replace(/[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}/g, "<email>")
+      .replace(/(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}/g, "<email>")
       .replace(/\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b/g, "<uuid>")
       .replace(/\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*/g, "<token>")
       // Provider ids: a short lowercase prefix, `_`, then an opaque id (cus_NffrFeUfNV2Hib, sk_live_…, whsec_…).
@@ -204,7 +208,17 @@ export interface AlertErrorFields {
 export function alertErrorFields(message: string, thrown?: unknown): AlertErrorFields {
   const { schema, ...facts } = postgresErrorFacts(thrown);
   const keep = [facts.constraint, facts.column, facts.table, schema].filter((n): n is string => n !== undefined);
-  return { error: cut(redactErrorMessage(message, keep), ALERT_ERROR_MAX), ...facts };
+  return { error: cut(redactErrorMessage(clip(message), keep), ALERT_ERROR_MAX), ...facts };
+}
+
+/**
+ * The part of a long message worth redacting for an alert, which keeps only
+ * `ALERT_ERROR_MAX` characters: it bounds the work. Whatever the clip cuts in
+ * half lies past the alert's cut, or is a quoted or `Key (…)=(…)` value left
+ * open, which the redaction masks to the end.
+ */
+export function clip(message: string): string {
+  return message.slice(0, 4 * ALERT_ERROR_MAX);
 }
 
 /** Cuts without leaving half a mask (`<reda`), which a later redaction could not recognise. */

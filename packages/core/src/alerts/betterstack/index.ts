@@ -20,7 +20,7 @@ import { InvalidConfigError } from "../../errors.ts";
 import type { AlertPort, DeadLetterAlert } from "../../ports/alerts.ts";
 import { consoleLogger, type Logger } from "../../ports/logger.ts";
 import type { MetricsPort } from "../../ports/metrics.ts";
-import { ALERT_ERROR_MAX, errorFingerprint, redactErrorMessage } from "../redact.ts";
+import { ALERT_ERROR_MAX, clip, errorFingerprint, redactErrorMessage } from "../redact.ts";
 import {
   type AlertWindowKey,
   type AlertWindowStore,
@@ -255,7 +255,7 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
       const names = [input.constraint, input.column, input.table].filter((n): n is string => typeof n === "string");
       const alert: DeadLetterAlert = {
         ...input,
-        error: redactErrorMessage(input.error, names).slice(0, ALERT_ERROR_MAX),
+        error: redactErrorMessage(clip(input.error), names).slice(0, ALERT_ERROR_MAX),
       };
       const fingerprint = errorFingerprint(alert.error);
       if (windowMs === 0) {
