@@ -47,6 +47,7 @@ const cases: [string, string][] = [
     "PostgresError: relation \"orders\" does not exist [query: select * from \"orders\" where email = '<redacted>' and note = '<redacted>']",
   ],
   ["Error: customer 'jane' can't be found", "Error: customer '<redacted>' can't be found"],
+  ['Error: unknown field "janedoe" of "acme"', 'Error: unknown field "<redacted>" of "<redacted>"'],
   ['Error: value "cut short by the dead let', 'Error: value "<redacted>'],
   ["Error: customer jane.doe+x@mail.example.co.uk not found", "Error: customer <email> not found"],
   ["Error: job 01a20000-0000-7000-8000-000000000001 failed", "Error: job <uuid> failed"],

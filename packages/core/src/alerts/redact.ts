@@ -18,10 +18,12 @@ const REDACTED = "<redacted>";
 
 /**
  * A double-quoted name right after one of these words is an identifier
- * Postgres (or JavaScript, for `reading`) printed, not a value: it stays.
+ * Postgres printed (`unique constraint "users_email_key"`, `column "email" of
+ * relation "users"`), not a value: it stays. Only Postgres' object words: a
+ * generic word ("field", "of") before a quoted value would keep the value.
  */
 const IDENTIFIER_BEFORE =
-  /(?:^|[^A-Za-z_])(?:constraint|relation|column|table|index|schema|sequence|view|type|function|procedure|database|role|trigger|domain|extension|operator|collation|publication|subscription|tablespace|savepoint|cursor|portal|statement|server|policy|rule|parameter|channel|enum|key|field|attribute|reading|property|method|module|package|variable|command|object|of)\s*$/i;
+  /(?:^|[^A-Za-z_])(?:constraint|relation|column|table|index|schema|sequence|view|type|function|procedure|database|role|trigger|domain|extension|operator|collation|publication|subscription|tablespace|savepoint|cursor|portal|statement|server|policy|rule|parameter|channel)\s*$/i;
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_$.]{0,126}$/;
 
 /**

@@ -122,7 +122,7 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
         (error: unknown) => {
           failed += 1;
           options.metrics?.alertFailed({ queue: about.queue, consumer: about.consumer });
-          logger.warn(`BetterStack alert not delivered: ${describe(error)}`, {
+          logger.warn(`BetterStack alert not delivered: ${messageOf(error)}`, {
             deadLetterId: about.deadLetterId,
           });
         },
@@ -195,7 +195,7 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
     } catch (thrown) {
       // Not taken: the count stays in the table and the next window's first
       // alert carries it. Taken late: reported late, never dropped.
-      logger.warn(`alert summary not taken: ${describe(thrown)}`, { deadLetterId: summary.sample.deadLetterId });
+      logger.warn(`alert summary not taken: ${messageOf(thrown)}`, { deadLetterId: summary.sample.deadLetterId });
       taking.then(
         (late) => late && report(late, summary),
         () => {},
@@ -238,7 +238,7 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
         };
       } catch (thrown) {
         // Better one alert too many than none: fall back to this process's windows.
-        logger.warn(`alert coalescing through the database failed, coalescing in this process: ${describe(thrown)}`, {
+        logger.warn(`alert coalescing through the database failed, coalescing in this process: ${messageOf(thrown)}`, {
           deadLetterId: alert.deadLetterId,
         });
       }
@@ -307,7 +307,7 @@ async function within<T>(work: Promise<T>, ms: number): Promise<T> {
   }
 }
 
-const describe = (thrown: unknown) => (thrown instanceof Error ? thrown.message : String(thrown));
+const messageOf = (thrown: unknown) => (thrown instanceof Error ? thrown.message : String(thrown));
 
 /** The Postgres facts of the alert, only those it has. */
 function postgresFields(alert: DeadLetterAlert): Record<string, string> {
