@@ -13,6 +13,7 @@ import { sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT, PgTransaction } from "drizzle-orm/pg-core";
 import { uuidv7 } from "uuidv7";
 import type { z } from "zod";
+import { alertErrorFields } from "./alerts/redact.ts";
 import { type DeadLetterErrorClass, deadLetters, LAST_ERROR_MAX } from "./db/schema.ts";
 import {
   decideDeadLetter,
@@ -172,6 +173,8 @@ type DeadLetterInput = {
   errorClass: DeadLetterErrorClass;
   attempts: number;
   error: string;
+  /** What the handler threw, if it threw: the alert reads its SQLSTATE and names. */
+  cause?: unknown;
   received: ReceivedPayload;
   envelope: Partial<Record<"job_id" | "tenant_id" | "correlation_id" | "kind", string>>;
 };
@@ -360,6 +363,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
           errorClass: failure.failureClass === "permanent" ? "permanent" : "exhausted",
           attempts: attempt,
           error: failure.message,
+          cause: thrown,
           received,
           envelope,
         });
@@ -499,7 +503,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         correlationId: row.correlationId,
         errorClass: input.errorClass,
         attempts: input.attempts,
-        error: error.slice(0, 500),
+        // Redacted: no value quoted in the error leaves the database (the row keeps the full text).
+        ...alertErrorFields(error, input.cause),
       });
     }
     return this.#finish(outcome, { outcome, ack: true, deadLetterId: written.id, errorClass: input.errorClass });

@@ -1,6 +1,21 @@
 // The public API of @softcrum/core. Adapters live on their own subpaths
 // (`@softcrum/core/adapters/memory`) so importing the core loads no vendor SDK.
 
+export type { AlertErrorFields, PostgresErrorFacts } from "./alerts/redact.ts";
+export {
+  ALERT_ERROR_MAX,
+  alertErrorFields,
+  errorFingerprint,
+  postgresErrorFacts,
+  redactErrorMessage,
+} from "./alerts/redact.ts";
+export type {
+  AlertWindowKey,
+  AlertWindowStore,
+  UnreportedOccurrences,
+  WindowDecision,
+} from "./alerts/windows.ts";
+export { memoryAlertWindows, postgresAlertWindows } from "./alerts/windows.ts";
 export type { Clock, ManualClock } from "./clock.ts";
 export { createManualClock, systemClock } from "./clock.ts";
 export type {
@@ -12,8 +27,15 @@ export type {
   WorkTransaction,
 } from "./consumer.ts";
 export { bindConsumer, defineConsumer } from "./consumer.ts";
-export type { DeadLetterErrorClass, DeadLetterRow, DeadLetterStatus, ProcessedJobRow } from "./db/schema.ts";
+export type {
+  AlertWindowRow,
+  DeadLetterErrorClass,
+  DeadLetterRow,
+  DeadLetterStatus,
+  ProcessedJobRow,
+} from "./db/schema.ts";
 export {
+  alertWindows,
   DEAD_LETTER_STATUSES,
   deadLetters,
   ERROR_CLASSES,

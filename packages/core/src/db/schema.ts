@@ -229,3 +229,37 @@ export const opsAudit = core.table(
 
 export type ReplayBatchRow = typeof replayBatches.$inferSelect;
 export type OpsAuditRow = typeof opsAudit.$inferSelect;
+
+/**
+ * Alert coalescing shared by every process on the database (SPEC §4
+ * "Alerts"): one row per coalescing key (queue, consumer, error class, error
+ * fingerprint). The occurrence that opens a window sends the alert; the
+ * others in the window only count (`unreported`), and their count is reported
+ * once — by the summary at the window's end, or else by the next window's
+ * first alert (`previous_unreported`). See `src/alerts/windows.ts`.
+ */
+export const alertWindows = core.table(
+  "alert_windows",
+  {
+    /** sha256 of queue, consumer, error class and fingerprint. */
+    key: text("key").primaryKey(),
+    queue: text("queue").notNull(),
+    consumer: text("consumer").notNull(),
+    errorClass: text("error_class").$type<DeadLetterErrorClass>().notNull(),
+    errorFingerprint: text("error_fingerprint").notNull(),
+    /** Increases by one each time a window opens: a summary names the window it reports. */
+    windowNumber: integer("window_number").notNull().default(1),
+    windowStartedAt: timestamp("window_started_at", { withTimezone: true }).notNull(),
+    /** The dead letter whose alert opened the window. */
+    firstDeadLetterId: text("first_dead_letter_id").notNull(),
+    /** Occurrences in this window that were coalesced and not yet reported. */
+    unreported: integer("unreported").notNull().default(0),
+    /** What the previous window left unreported when this one opened: its first alert carries it. */
+    previousUnreported: integer("previous_unreported").notNull().default(0),
+    previousWindowStartedAt: timestamp("previous_window_started_at", { withTimezone: true }),
+    lastSeenAt: timestamp("last_seen_at", { withTimezone: true }).notNull(),
+  },
+  (t) => [check("alert_windows_unreported_nonnegative", sql`${t.unreported} >= 0 and ${t.previousUnreported} >= 0`)],
+);
+
+export type AlertWindowRow = typeof alertWindows.$inferSelect;

@@ -1,6 +1,9 @@
 import type { DeadLetterErrorClass } from "../db/schema.ts";
 
-/** What an alert about a new dead letter says. Never the payload: it may hold personal data. */
+/**
+ * What an alert about a new dead letter says. Never the payload, nor values
+ * quoted in the error: they may hold personal data (SPEC §4 "Alerts").
+ */
 export interface DeadLetterAlert {
   readonly deadLetterId: string;
   readonly jobId: string | null;
@@ -11,8 +14,18 @@ export interface DeadLetterAlert {
   readonly correlationId: string | null;
   readonly errorClass: DeadLetterErrorClass;
   readonly attempts: number;
-  /** The error, cut short. */
+  /**
+   * The error, redacted (`redactErrorMessage`: values quoted in it, e-mail
+   * addresses, tokens and provider ids masked) and cut short. The dead-letter
+   * row keeps the full text.
+   */
   readonly error: string;
+  /** The SQLSTATE of the Postgres error behind the failure (`23505`), when there was one. */
+  readonly sqlState?: string | null;
+  /** The constraint, column and table the Postgres error named, when it named them. */
+  readonly constraint?: string | null;
+  readonly column?: string | null;
+  readonly table?: string | null;
 }
 
 /**

@@ -1,12 +1,17 @@
+import { type ChildProcess, spawn } from "node:child_process";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import { fileURLToPath } from "node:url";
 import { gunzipSync } from "node:zlib";
 import { decode } from "@msgpack/msgpack";
 import { useTestDatabase } from "@softcrum/testing";
-import { afterEach, beforeEach, describe, expect, test } from "vitest";
+import { sql } from "drizzle-orm";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
 import { recordingMetrics, silentLogger } from "../../../test/fixtures.ts";
-import { bindConsumer, defineConsumer } from "../../consumer.ts";
+import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
 import { createEnvelope } from "../../envelope.ts";
 import { PermanentError } from "../../errors.ts";
 import type { DeadLetterAlert } from "../../ports/alerts.ts";
@@ -53,7 +58,7 @@ let endpoint: string;
 beforeEach(async () => {
   ingest = new FakeIngest();
   endpoint = await ingest.start();
-  await pg.sql`truncate core.dead_letters cascade`;
+  await pg.sql`truncate core.dead_letters, core.alert_windows cascade`;
 });
 afterEach(async () => {
   await ingest.stop();
@@ -203,5 +208,254 @@ describe("BetterStack alerts through the real @logtail/node client", () => {
   test("fingerprints ignore ids, numbers and quoted values, not the words", () => {
     expect(errorFingerprint('order 12 "abc" not found')).toBe(errorFingerprint("order 9981 'zz' not found"));
     expect(errorFingerprint("order 12 not found")).not.toBe(errorFingerprint("order 12 was cancelled"));
+  });
+});
+
+describe("alerts never carry payload values (#8 item 14)", () => {
+  beforeAll(async () => {
+    await pg.sql`create table if not exists test_customers (email text not null constraint test_customers_email_key unique)`;
+  });
+  beforeEach(async () => {
+    await pg.sql`truncate test_customers`;
+  });
+
+  const customer = z.object({ email: z.string() });
+  const importConsumer = (handle: (data: z.output<typeof customer>, ctx: HandlerContext) => Promise<void>) =>
+    defineConsumer({
+      name: "crm.import",
+      queue: "crm.q",
+      kind: "customer.import.v1",
+      schema: customer,
+      handle,
+    });
+  const body = (email: string) =>
+    JSON.stringify(createEnvelope({ tenantId: "acme", kind: "customer.import.v1", data: { email } }));
+  const letterError = async (id: string) =>
+    (await pg.sql<{ last_error: string }[]>`select last_error from core.dead_letters where id = ${id}`)[0]?.last_error;
+
+  test("a real 22P02 quoting the input alerts with its SQLSTATE and the value masked; the dead letter keeps the value (#8 item 14)", async () => {
+    const alerts = alertsTo(endpoint);
+    const consumer = importConsumer(async (data, { tx }) => {
+      await tx.execute(sql`select ${data.email}::int`);
+    });
+    const result = await bindConsumer(consumer, { db: pg.db, alerts, logger: silentLogger }).deliver({
+      body: body("jane.doe@example.com"),
+      deliveryCount: 5,
+    });
+    expect(result).toMatchObject({ outcome: "dead_lettered", errorClass: "exhausted" });
+    await alerts.close();
+
+    expect(await letterError((result as { deadLetterId: string }).deadLetterId)).toContain(
+      'invalid input syntax for type integer: "jane.doe@example.com"',
+    );
+    expect(ingest.logs).toHaveLength(1);
+    expect(ingest.logs[0]).toMatchObject({
+      softcrum_alert: "dead_letter",
+      error_class: "exhausted",
+      sqlstate: "22P02",
+      error: expect.stringContaining('invalid input syntax for type integer: "<redacted>"'),
+    });
+    expect(JSON.stringify(ingest.logs)).not.toContain("jane.doe");
+    expect(JSON.stringify(ingest.logs)).not.toContain("example.com");
+  });
+
+  test("a real 23505 whose Key detail the handler wrapped alerts with SQLSTATE, constraint and table, never the e-mail; the row keeps it (#8 item 14)", async () => {
+    await pg.sql`insert into test_customers (email) values ('jane.doe@example.com')`;
+    const alerts = alertsTo(endpoint);
+    const consumer = importConsumer(async (data, { tx }) => {
+      try {
+        await tx.execute(sql`insert into test_customers (email) values (${data.email})`);
+      } catch (thrown) {
+        const pgError = ((thrown as { cause?: unknown }).cause ?? thrown) as { message: string; detail?: string };
+        throw new PermanentError(`customer import refused: ${pgError.message}. ${pgError.detail ?? ""}`, {
+          cause: thrown,
+        });
+      }
+    });
+    const result = await bindConsumer(consumer, { db: pg.db, alerts, logger: silentLogger }).deliver({
+      body: body("jane.doe@example.com"),
+      deliveryCount: 1,
+    });
+    expect(result).toMatchObject({ outcome: "dead_lettered", errorClass: "permanent" });
+    await alerts.close();
+
+    expect(await letterError((result as { deadLetterId: string }).deadLetterId)).toContain(
+      "Key (email)=(jane.doe@example.com) already exists.",
+    );
+    expect(ingest.logs).toHaveLength(1);
+    expect(ingest.logs[0]).toMatchObject({
+      error_class: "permanent",
+      sqlstate: "23505",
+      constraint: "test_customers_email_key",
+      table: "test_customers",
+      error:
+        'PermanentError: customer import refused: duplicate key value violates unique constraint "test_customers_email_key". Key (email)=(<redacted>) already exists.',
+    });
+    expect(JSON.stringify(ingest.logs)).not.toContain("jane.doe");
+  });
+
+  test("the same failure with other values is one failure mode: one alert and a summary counting the rest (#8 item 14)", async () => {
+    const alerts = alertsTo(endpoint, { coalesceWindowMs: 60_000 });
+    const consumer = importConsumer(async (data, { tx }) => {
+      await tx.execute(sql`select ${data.email}::int`);
+    });
+    const bound = bindConsumer(consumer, { db: pg.db, alerts, logger: silentLogger });
+    for (const email of ["a@example.com", "b.c@example.org", "d+e@example.net"]) {
+      await bound.deliver({ body: body(email), deliveryCount: 5 });
+    }
+    await alerts.close();
+    expect(ingest.logs.map((l) => [l["softcrum_alert"], l["count"]])).toEqual([
+      ["dead_letter", undefined],
+      ["dead_letters_coalesced", 2],
+    ]);
+    expect(JSON.stringify(ingest.logs)).not.toContain("example");
+  });
+});
+
+describe("one alert per failure mode per window across the fleet (#8 item 15)", () => {
+  const quietAlert = (i: number) =>
+    alert({
+      deadLetterId: `01a20000-0000-7000-8000-${String(i).padStart(12, "0")}`,
+      error: `PostgresError: invalid input syntax for type integer: "customer-${i}@example.com"`,
+    });
+
+  test("independent adapters on their own pools racing on one failure send one alert; after the window the next alert carries the count (#8 item 15)", async () => {
+    let clock = Date.parse("2026-01-01T00:00:00Z");
+    const adapters = Array.from({ length: 5 }, () =>
+      alertsTo(endpoint, { db: pg.connect({ max: 2 }).db, coalesceWindowMs: 60_000, now: () => clock }),
+    );
+    await Promise.all(
+      Array.from({ length: 20 }, (_, i) => adapters[i % adapters.length]?.deadLetterCreated(quietAlert(i))),
+    );
+    clock += 60_000; // the window has ended
+    await adapters[3]?.deadLetterCreated(quietAlert(99));
+    await Promise.all(adapters.map((a) => a.close()));
+
+    const sent = ingest.logs.filter((l) => l["softcrum_alert"] === "dead_letter");
+    expect(sent).toHaveLength(2);
+    expect(sent[0]?.["previous_window_count"]).toBeUndefined();
+    expect(sent[1]).toMatchObject({
+      dead_letter_id: quietAlert(99).deadLetterId,
+      previous_window_count: 19,
+      previous_window_started_at: "2026-01-01T00:00:00.000Z",
+    });
+    // The window's count was carried by the next alert, so no summary repeats it.
+    expect(ingest.logs.filter((l) => l["softcrum_alert"] === "dead_letters_coalesced")).toEqual([]);
+    expect(JSON.stringify(ingest.logs)).not.toContain("example.com");
+  });
+
+  test("several worker processes dead-lettering the same failure at once send one alert, and their summaries count every other letter once (#8 item 15)", async () => {
+    const script = fileURLToPath(new URL("../../../test/alert-worker.ts", import.meta.url));
+    const perProcess = 3;
+    const children: ChildProcess[] = [];
+    try {
+      const runs = ["w1", "w2", "w3", "w4"].map((label) => {
+        const child = spawn(
+          process.execPath,
+          ["--import", "tsx", script, pg.url, endpoint, String(perProcess), label],
+          {
+            cwd: fileURLToPath(new URL("../../..", import.meta.url)),
+            stdio: ["pipe", "pipe", "pipe"],
+          },
+        );
+        children.push(child);
+        let output = "";
+        let errors = "";
+        const printed = (marker: string) =>
+          new Promise<string>((resolve, reject) => {
+            const check = () => output.includes(marker) && resolve(output);
+            child.stdout?.on("data", (chunk) => {
+              output += chunk;
+              check();
+            });
+            child.stderr?.on("data", (chunk) => {
+              errors += chunk;
+            });
+            child.on("exit", (code) =>
+              reject(new Error(`${label} exited (${code}) before ${marker}: ${output}${errors}`)),
+            );
+            check();
+          });
+        return { child, ready: printed("READY"), done: printed("DONE") };
+      });
+      await Promise.all(runs.map((r) => r.ready));
+      for (const r of runs) r.child.stdin?.write("GO\n");
+      const outputs = await Promise.all(runs.map((r) => r.done));
+      for (const output of outputs) expect(output).toContain(`DONE {"dead_lettered":${perProcess}}`);
+    } finally {
+      for (const child of children) if (child.exitCode === null) child.kill("SIGKILL");
+    }
+
+    const total = 4 * perProcess;
+    const [letters] = await pg.sql<{ n: number }[]>`select count(*)::int as n from core.dead_letters`;
+    expect(letters?.n).toBe(total);
+    const sent = ingest.logs.filter((l) => l["softcrum_alert"] === "dead_letter");
+    const summaries = ingest.logs.filter((l) => l["softcrum_alert"] === "dead_letters_coalesced");
+    expect(sent).toHaveLength(1);
+    expect(sent[0]).toMatchObject({ sqlstate: "22P02", consumer: "fleet.import" });
+    expect(summaries.reduce((n, l) => n + Number(l["count"]), 0)).toBe(total - 1);
+    expect(JSON.stringify(ingest.logs)).not.toContain("example.com");
+    const [window] = await pg.sql<{ unreported: number }[]>`select unreported from core.alert_windows`;
+    expect(window?.unreported).toBe(0);
+  }, 60_000);
+
+  test("when the coalescing query fails or hangs, the alert is sent anyway and the dead letter is written (#8 item 15)", async () => {
+    const shared = pg.connect({ max: 2 }).db;
+    const first = alertsTo(endpoint, { db: shared, coalesceWindowMs: 60_000, coalesceTimeoutMs: 300 });
+    const second = alertsTo(endpoint, { db: shared, coalesceWindowMs: 60_000, coalesceTimeoutMs: 300 });
+    await first.deadLetterCreated(quietAlert(1));
+    await second.deadLetterCreated(quietAlert(2)); // coalesced through the table
+    await first.flush();
+    expect(ingest.logs.filter((l) => l["softcrum_alert"] === "dead_letter")).toHaveLength(1);
+    const [counted] = await pg.sql<{ unreported: number }[]>`select unreported from core.alert_windows`;
+    expect(counted?.unreported).toBe(1);
+
+    // The table is locked: the coalescing query hangs until the timeout, then the alert goes out anyway.
+    const locker = pg.connect({ max: 1 });
+    let release = () => {};
+    const held = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    let locked = () => {};
+    const isLocked = new Promise<void>((resolve) => {
+      locked = resolve;
+    });
+    const lock = locker.sql.begin(async (tx) => {
+      await tx`lock table core.alert_windows in access exclusive mode`;
+      locked();
+      await held;
+    });
+    await isLocked;
+    const consumer = defineConsumer({
+      name: "loyalty.award-points",
+      queue: "loyalty.points",
+      kind: "points.award.v1",
+      schema: z.object({}),
+      handle: async () => {
+        throw new PermanentError("account closed");
+      },
+    });
+    const result = await bindConsumer(consumer, { db: pg.db, alerts: second, logger: silentLogger }).deliver({
+      body: JSON.stringify(createEnvelope({ tenantId: "acme", kind: "points.award.v1", data: {} })),
+      deliveryCount: 1,
+    });
+    expect(result).toMatchObject({ outcome: "dead_lettered" });
+    await second.flush();
+    expect(ingest.logs.filter((l) => l["error_class"] === "permanent")).toHaveLength(1);
+    release();
+    await lock;
+
+    // A database that cannot be reached: sent as well.
+    const nowhere = postgres("postgres://postgres@127.0.0.1:1/none", {
+      max: 1,
+      connect_timeout: 5,
+      onnotice: () => {},
+    });
+    const unreachable = alertsTo(endpoint, { db: drizzle({ client: nowhere }) });
+    await unreachable.deadLetterCreated(alert({ errorClass: "expired", error: "job is old" }));
+    await unreachable.close();
+    await nowhere.end();
+    expect(ingest.logs.filter((l) => l["error_class"] === "expired")).toHaveLength(1);
+    await Promise.all([first.close(), second.close()]);
   });
 });

@@ -2,35 +2,61 @@
  * `@softcrum/core/alerts/betterstack`: dead-letter alerts to BetterStack
  * through @logtail/node (see docs/adr/0005-betterstack-alerts.md).
  *
- * One alert per new dead letter, with its ids, class, attempts and a short
- * error — never the payload. Identical failures (same queue, consumer, error
- * class and error fingerprint) inside a window produce the first alert and,
- * at the window's end, one summary with how many more there were, not a
- * storm. The SDK resolves even when it dropped a log, so it runs with
- * `throwExceptions` and a failed delivery is counted and logged here; it never
- * blocks the harness or loses the dead-letter row (the row is the evidence).
+ * One alert per new dead letter, with its ids, class, attempts, SQLSTATE and
+ * constraint/column/table names, and the error redacted — never the payload,
+ * nor a value quoted in the error (see `redactErrorMessage`). Identical
+ * failures (same queue, consumer, error class and error fingerprint) inside a
+ * window produce the first alert and one summary with how many more there
+ * were, not a storm. Given `db`, the windows live in `core.alert_windows` and
+ * the whole fleet sends one alert per window; without it, each process
+ * coalesces on its own. The SDK resolves even when it dropped a log, so it runs
+ * with `throwExceptions` and a failed delivery is counted and logged here; it
+ * never blocks the harness or loses the dead-letter row (the row is the
+ * evidence).
  */
-import { createHash } from "node:crypto";
 import { Logtail } from "@logtail/node";
+import type { AnyPgDatabase } from "../../consumer.ts";
 import { InvalidConfigError } from "../../errors.ts";
 import type { AlertPort, DeadLetterAlert } from "../../ports/alerts.ts";
 import { consoleLogger, type Logger } from "../../ports/logger.ts";
 import type { MetricsPort } from "../../ports/metrics.ts";
+import { ALERT_ERROR_MAX, clip, errorFingerprint, redactErrorMessage } from "../redact.ts";
+import {
+  type AlertWindowKey,
+  type AlertWindowStore,
+  alertWindowKey,
+  memoryAlertWindows,
+  postgresAlertWindows,
+  type UnreportedOccurrences,
+  type WindowDecision,
+} from "../windows.ts";
+
+export { errorFingerprint } from "../redact.ts";
 
 export interface BetterStackAlertOptions {
   /** The BetterStack (Logtail) source token. */
   readonly sourceToken: string;
   /** Ingest URL, used verbatim. @default the SDK's (https://in.logs.betterstack.com) */
   readonly endpoint?: string;
-  /** How long identical failures are folded into one alert. @default 300_000 (5 min) */
+  /** How long identical failures are folded into one alert; 0 alerts every dead letter. @default 300_000 (5 min) */
   readonly coalesceWindowMs?: number;
+  /**
+   * The database (the harness's) whose `core.alert_windows` coalesces alerts
+   * across every process that shares it: the fleet sends one alert per
+   * failure mode per window. Without it each process coalesces on its own.
+   * If the coalescing query fails or is slow, the alert is sent anyway.
+   * @default none: windows in this process
+   */
+  readonly db?: AnyPgDatabase;
+  /** How long the coalescing query may take before the alert is sent without it. @default 5_000 */
+  readonly coalesceTimeoutMs?: number;
   /** Passed to the SDK (batchInterval, retryCount, …); throwExceptions is always on. */
   readonly sdkOptions?: Record<string, unknown>;
   /** Counts failed deliveries (`alertFailed`). @default none */
   readonly metrics?: Pick<MetricsPort, "alertFailed">;
   /** @default console */
   readonly logger?: Logger;
-  /** @default Date.now */
+  /** The clock windows are measured with (the fleet's clocks are assumed in sync). @default Date.now */
   readonly now?: () => number;
 }
 
@@ -43,27 +69,14 @@ export interface BetterStackAlerts extends AlertPort {
   readonly failed: number;
 }
 
-interface Window {
-  readonly first: DeadLetterAlert;
-  readonly fingerprint: string;
-  readonly startedAt: number;
-  suppressed: number;
-  timer: NodeJS.Timeout;
-}
-
-/**
- * The same failure with other ids, numbers or quoted values has the same
- * fingerprint: "order 123 not found" and "order 456 not found" coalesce.
- */
-export function errorFingerprint(error: string): string {
-  const shape = error
-    .toLowerCase()
-    .replace(/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/g, "<id>")
-    .replace(/(["'`]).*?\1/g, "<s>")
-    .replace(/\d+/g, "<n>")
-    .replace(/\s+/g, " ")
-    .trim();
-  return createHash("sha256").update(shape).digest("hex").slice(0, 16);
+/** A window this process counted an occurrence in: at its end, someone must report the count. */
+interface PendingSummary {
+  readonly key: AlertWindowKey;
+  readonly windowNumber: number;
+  readonly store: AlertWindowStore;
+  /** One occurrence's alert, for the summary's wording (all share the fingerprint). */
+  readonly sample: DeadLetterAlert;
+  readonly timer: NodeJS.Timeout;
 }
 
 export function createBetterStackAlerts(options: BetterStackAlertOptions): BetterStackAlerts {
@@ -74,6 +87,13 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
   if (!Number.isFinite(windowMs) || windowMs < 0) {
     throw new InvalidConfigError(`BetterStack alerts: coalesceWindowMs must be >= 0, got ${windowMs}`);
   }
+  const timeoutMs = options.coalesceTimeoutMs ?? 5_000;
+  if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) {
+    throw new InvalidConfigError(`BetterStack alerts: coalesceTimeoutMs must be > 0, got ${timeoutMs}`);
+  }
+  if (options.db !== undefined && typeof options.db?.execute !== "function") {
+    throw new InvalidConfigError("BetterStack alerts: db must be a Drizzle Postgres database");
+  }
   const logger = options.logger ?? consoleLogger;
   const now = options.now ?? Date.now;
   const logtail = new Logtail(options.sourceToken, {
@@ -83,93 +103,218 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
     throwExceptions: true,
     ignoreExceptions: false,
   });
-  const windows = new Map<string, Window>();
+  const local = memoryAlertWindows();
+  const shared = options.db ? postgresAlertWindows(options.db) : undefined;
+  const pending = new Map<string, PendingSummary>();
   const inFlight = new Set<Promise<unknown>>();
   let failed = 0;
 
-  const send = (message: string, context: Record<string, unknown>, about: DeadLetterAlert) => {
-    const delivery = logtail.error(message, context).then(
-      () => undefined,
-      (error: unknown) => {
-        failed += 1;
-        options.metrics?.alertFailed({ queue: about.queue, consumer: about.consumer });
-        logger.warn(`BetterStack alert not delivered: ${error instanceof Error ? error.message : String(error)}`, {
-          deadLetterId: about.deadLetterId,
-        });
-      },
-    );
-    inFlight.add(delivery);
-    void delivery.finally(() => inFlight.delete(delivery));
+  const track = <T>(work: Promise<T>): Promise<T> => {
+    inFlight.add(work);
+    void work.finally(() => inFlight.delete(work)).catch(() => {});
+    return work;
   };
 
-  const closeWindow = (key: string) => {
-    const window = windows.get(key);
-    if (!window) return;
-    windows.delete(key);
-    clearTimeout(window.timer);
-    if (window.suppressed === 0) return;
-    const { first } = window;
+  const send = (message: string, context: Record<string, unknown>, about: DeadLetterAlert) => {
+    track(
+      logtail.error(message, context).then(
+        () => undefined,
+        (error: unknown) => {
+          failed += 1;
+          options.metrics?.alertFailed({ queue: about.queue, consumer: about.consumer });
+          logger.warn(`BetterStack alert not delivered: ${messageOf(error)}`, {
+            deadLetterId: about.deadLetterId,
+          });
+        },
+      ),
+    );
+  };
+
+  const sendAlert = (
+    alert: DeadLetterAlert,
+    fingerprint: string,
+    previous?: { count: number; windowStartedAt: number },
+  ) => {
+    const more = previous ? `; ${previous.count} more like it in the previous window were not alerted` : "";
     send(
-      `${window.suppressed} more dead letters like ${first.deadLetterId}: ${first.errorClass} in ${first.consumer} (${first.queue})`,
+      `dead letter: ${alert.errorClass} in ${alert.consumer} (${alert.queue})${more}`,
+      {
+        softcrum_alert: "dead_letter",
+        dead_letter_id: alert.deadLetterId,
+        job_id: alert.jobId,
+        queue: alert.queue,
+        consumer: alert.consumer,
+        tenant_id: alert.tenantId,
+        kind: alert.kind,
+        correlation_id: alert.correlationId,
+        error_class: alert.errorClass,
+        attempts: alert.attempts,
+        error: alert.error,
+        error_fingerprint: fingerprint,
+        ...postgresFields(alert),
+        ...(previous
+          ? {
+              previous_window_count: previous.count,
+              previous_window_started_at: new Date(previous.windowStartedAt).toISOString(),
+            }
+          : {}),
+      },
+      alert,
+    );
+  };
+
+  const report = (taken: UnreportedOccurrences, summary: PendingSummary) => {
+    const { sample } = summary;
+    send(
+      `${taken.count} more dead letters like ${taken.firstDeadLetterId}: ${sample.errorClass} in ${sample.consumer} (${sample.queue})`,
       {
         softcrum_alert: "dead_letters_coalesced",
-        count: window.suppressed,
-        window_ms: now() - window.startedAt,
-        first_dead_letter_id: first.deadLetterId,
-        queue: first.queue,
-        consumer: first.consumer,
-        error_class: first.errorClass,
-        error_fingerprint: window.fingerprint,
-        error: first.error,
+        count: taken.count,
+        window_ms: now() - taken.windowStartedAt,
+        window_started_at: new Date(taken.windowStartedAt).toISOString(),
+        first_dead_letter_id: taken.firstDeadLetterId,
+        queue: sample.queue,
+        consumer: sample.consumer,
+        error_class: sample.errorClass,
+        error_fingerprint: summary.key.fingerprint,
+        error: sample.error,
+        ...postgresFields(sample),
       },
-      first,
+      sample,
     );
+  };
+
+  /** Takes the window's unreported count (if no other process did) and sends it as one summary. */
+  const summarize = async (id: string, summary: PendingSummary) => {
+    if (pending.get(id) === summary) pending.delete(id);
+    clearTimeout(summary.timer);
+    const taking = summary.store.takeUnreported(summary.key, summary.windowNumber);
+    let taken: UnreportedOccurrences | undefined;
+    try {
+      taken = await within(taking, timeoutMs);
+    } catch (thrown) {
+      // Not taken: the count stays in the table and the next window's first
+      // alert carries it. Taken late: reported late, never dropped.
+      logger.warn(`alert summary not taken: ${messageOf(thrown)}`, { deadLetterId: summary.sample.deadLetterId });
+      taking.then(
+        (late) => late && report(late, summary),
+        () => {},
+      );
+      return;
+    }
+    if (taken) report(taken, summary);
+  };
+
+  const expectSummary = (
+    key: AlertWindowKey,
+    decision: Extract<WindowDecision, { send: false }>,
+    store: AlertWindowStore,
+    sample: DeadLetterAlert,
+  ) => {
+    const id = `${store === local ? "local" : "shared"}:${alertWindowKey(key)}`;
+    const open = pending.get(id);
+    if (open?.windowNumber === decision.windowNumber) return;
+    // An older window's summary is moot: the process that opened this one carried its count.
+    if (open) clearTimeout(open.timer);
+    const delay = Math.max(0, decision.windowStartedAt + windowMs - now());
+    const summary: PendingSummary = {
+      key,
+      windowNumber: decision.windowNumber,
+      store,
+      sample,
+      timer: setTimeout(() => void track(summarize(id, summary)), delay),
+    };
+    summary.timer.unref();
+    pending.set(id, summary);
+  };
+
+  /** The shared decision, or this process's when the database does not answer in time. */
+  const decide = async (key: AlertWindowKey, alert: DeadLetterAlert, at: number) => {
+    if (shared) {
+      try {
+        return {
+          decision: await within(shared.record(key, alert.deadLetterId, at, windowMs), timeoutMs),
+          store: shared,
+        };
+      } catch (thrown) {
+        // Better one alert too many than none: fall back to this process's windows.
+        logger.warn(`alert coalescing through the database failed, coalescing in this process: ${messageOf(thrown)}`, {
+          deadLetterId: alert.deadLetterId,
+        });
+      }
+    }
+    return { decision: await local.record(key, alert.deadLetterId, at, windowMs), store: local };
   };
 
   return {
     get failed() {
       return failed;
     },
-    deadLetterCreated(alert) {
+    deadLetterCreated(input) {
+      // Redacted again here: a caller other than the harness may pass a raw error.
+      const names = [input.constraint, input.column, input.table].filter((n): n is string => typeof n === "string");
+      const alert: DeadLetterAlert = {
+        ...input,
+        error: redactErrorMessage(clip(input.error), names).slice(0, ALERT_ERROR_MAX),
+      };
       const fingerprint = errorFingerprint(alert.error);
-      const key = [alert.queue, alert.consumer, alert.errorClass, fingerprint].join("\u0000");
-      const open = windows.get(key);
-      if (open) {
-        open.suppressed += 1;
+      if (windowMs === 0) {
+        sendAlert(alert, fingerprint);
         return;
       }
-      send(
-        `dead letter: ${alert.errorClass} in ${alert.consumer} (${alert.queue})`,
-        {
-          softcrum_alert: "dead_letter",
-          dead_letter_id: alert.deadLetterId,
-          job_id: alert.jobId,
-          queue: alert.queue,
-          consumer: alert.consumer,
-          tenant_id: alert.tenantId,
-          kind: alert.kind,
-          correlation_id: alert.correlationId,
-          error_class: alert.errorClass,
-          attempts: alert.attempts,
-          error: alert.error,
-          error_fingerprint: fingerprint,
-        },
-        alert,
+      const key: AlertWindowKey = {
+        queue: alert.queue,
+        consumer: alert.consumer,
+        errorClass: alert.errorClass,
+        fingerprint,
+      };
+      return track(
+        (async () => {
+          const { decision, store } = await decide(key, alert, now());
+          if (decision.send) sendAlert(alert, fingerprint, decision.previous);
+          else expectSummary(key, decision, store, alert);
+        })(),
       );
-      if (windowMs > 0) {
-        const timer = setTimeout(() => closeWindow(key), windowMs);
-        timer.unref();
-        windows.set(key, { first: alert, fingerprint, startedAt: now(), suppressed: 0, timer });
-      }
     },
     async flush() {
-      for (const key of [...windows.keys()]) closeWindow(key);
+      // Decisions still on their way may add sends or summaries: wait for them first.
+      while (inFlight.size > 0) await Promise.allSettled([...inFlight]);
+      await Promise.allSettled([...pending].map(([id, summary]) => summarize(id, summary)));
       await Promise.allSettled([...inFlight]);
       await logtail.flush().catch(() => {});
       await Promise.allSettled([...inFlight]);
     },
     async close() {
       await this.flush();
+      for (const summary of pending.values()) clearTimeout(summary.timer);
+      pending.clear();
     },
   };
+}
+
+/** `work`, or a rejection once `ms` have passed without its answer. */
+async function within<T>(work: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      work,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+const messageOf = (thrown: unknown) => (thrown instanceof Error ? thrown.message : String(thrown));
+
+/** The Postgres facts of the alert, only those it has. */
+function postgresFields(alert: DeadLetterAlert): Record<string, string> {
+  const fields: Record<string, string> = {};
+  if (alert.sqlState) fields["sqlstate"] = alert.sqlState;
+  if (alert.constraint) fields["constraint"] = alert.constraint;
+  if (alert.column) fields["column"] = alert.column;
+  if (alert.table) fields["table"] = alert.table;
+  return fields;
 }
