@@ -1,0 +1,299 @@
+/**
+ * Issue #8: what the harness may conclude, and from what. Each test drives the
+ * real harness over a real postgres.js pool against real Postgres, with the
+ * fault made for real (a backend terminated by the server, a handler stuck in
+ * the database or in JavaScript, two deliveries of one job racing).
+ */
+import { sql as dsql } from "drizzle-orm";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { afterAll, describe, expect, test } from "vitest";
+import { z } from "zod";
+import { effects, silentLogger, useEffectsDatabase } from "../test/fixtures.ts";
+import { createMemoryQueue } from "./adapters/memory/index.ts";
+import { createManualClock } from "./clock.ts";
+import { bindConsumer, type ConsumerDefinition, defineConsumer } from "./consumer.ts";
+import { createEnvelope, type Envelope } from "./envelope.ts";
+
+const pg = useEffectsDatabase("harness-faults");
+
+const pools: postgres.Sql[] = [];
+afterAll(async () => {
+  await Promise.all(pools.map((p) => p.end({ timeout: 5 })));
+});
+/** A pool of its own, so a test controls exactly which connection a job gets. */
+function pool(max: number) {
+  const client = postgres(pg.url, { max, onnotice: () => {} });
+  pools.push(client);
+  return drizzle({ client });
+}
+
+const schema = z.object({ n: z.number().int() });
+let seq = 0;
+function consumer(
+  handle: ConsumerDefinition<typeof schema>["handle"],
+  extra: Partial<ConsumerDefinition<typeof schema>> = {},
+) {
+  seq += 1;
+  return defineConsumer({ name: `faults.c${seq}`, queue: `faults.q${seq}`, kind: "test.v1", schema, handle, ...extra });
+}
+const job = (n = 1) => createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } });
+const body = (e: Envelope) => JSON.stringify(e);
+
+/** Effects and fences of one job. */
+async function stateOf(jobId: string) {
+  const [row] = await pg.sql<{ effects: number; fences: number; letters: number }[]>`
+    select (select count(*)::int from test_effects where job_id = ${jobId}) as effects,
+           (select count(*)::int from core.processed_jobs where job_id = ${jobId}) as fences,
+           (select count(*)::int from core.dead_letters where job_id = ${jobId} and status = 'pending_review') as letters`;
+  return row;
+}
+
+/** Terminates a backend and waits until it is gone. */
+async function terminate(pid: number) {
+  await pg.sql`select pg_terminate_backend(${pid})`;
+  for (let i = 0; i < 200; i++) {
+    const [row] = await pg.sql<{ n: number }[]>`select count(*)::int as n from pg_stat_activity where pid = ${pid}`;
+    if (row?.n === 0) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error(`backend ${pid} did not go away`);
+}
+
+async function backendPid(tx: { execute(q: unknown): Promise<unknown> }): Promise<number> {
+  const rows = (await tx.execute(dsql`select pg_backend_pid() as pid`)) as unknown as { pid: number }[];
+  return rows[0]?.pid as number;
+}
+
+describe("the connection's own state decides, never the handler's error (#8 item 1)", () => {
+  test("a handler that throws an ECONNRESET-coded error after writing through tx leaves nothing committed, and the next job on the same connection commits only its own work", async () => {
+    const db = pool(1);
+    const failing = job(1);
+    const next = job(2);
+    const c = bindConsumer(
+      consumer(async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        if (data.n === 1) throw Object.assign(new Error("socket hang up"), { code: "ECONNRESET" });
+      }),
+      { db, logger: silentLogger },
+    );
+
+    expect(await c.deliver({ body: body(failing), deliveryCount: 1 })).toMatchObject({ outcome: "retry" });
+    expect(await c.deliver({ body: body(next), deliveryCount: 1 })).toMatchObject({ outcome: "success" });
+    expect(await stateOf(failing.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+    expect(await stateOf(next.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    // On the last attempt too: it is dead-lettered, not acked as a duplicate of a leaked transaction.
+    expect(await c.deliver({ body: body(failing), deliveryCount: 5 })).toMatchObject({
+      outcome: "dead_lettered",
+      errorClass: "exhausted",
+    });
+    expect(await stateOf(failing.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+  });
+});
+
+describe("a success proves its commit (#8 item 2)", () => {
+  test("when the server terminates the backend mid-handler, the job is not a success and nothing it wrote afterwards lands anywhere", async () => {
+    const db = pool(1);
+    const killed = job(1);
+    let runs = 0;
+    const c = bindConsumer(
+      consumer(async (data, { tx, envelope }) => {
+        runs += 1;
+        if (runs === 1) await terminate(await backendPid(tx));
+        // After the kill this would run on a reconnected session, outside any transaction.
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      }),
+      { db, logger: silentLogger },
+    );
+
+    const first = await c.deliver({ body: body(killed), deliveryCount: 1 });
+    expect(first.outcome).toBe("retry");
+    expect(await stateOf(killed.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+    // The pool is not wedged: the retry (same one-connection pool) applies the work once.
+    expect(await c.deliver({ body: body(killed), deliveryCount: 2 })).toMatchObject({ outcome: "success" });
+    expect(await stateOf(killed.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+  });
+
+  test("a handler that ends the transaction itself (COMMIT through tx) is not acknowledged as a success", async () => {
+    const db = pool(1);
+    const e = job(1);
+    const c = bindConsumer(
+      consumer(async (data, { tx, envelope }) => {
+        await tx.execute(dsql`commit`);
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      }),
+      { db, logger: silentLogger },
+    );
+    const result = await c.deliver({ body: body(e), deliveryCount: 1 });
+    expect(result.outcome).toBe("retry");
+    expect(result).toMatchObject({ error: expect.stringMatching(/commit is not proven/) });
+  });
+
+  test("40 jobs over a pool of 4 whose backends are terminated mid-handler: every job ends with exactly one effect and one fence", async () => {
+    const db = pool(4);
+    const clock = createManualClock();
+    const queue = createMemoryQueue({ clock, concurrency: 8 });
+    const killedOnce = new Set<string>();
+    const c = consumer(async (data, { tx, envelope }) => {
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "before", amount: data.n });
+      if (data.n % 3 === 0 && !killedOnce.has(envelope.job_id)) {
+        killedOnce.add(envelope.job_id);
+        await terminate(await backendPid(tx));
+      }
+      await tx.execute(dsql`select pg_sleep(0.02)`);
+    });
+    queue.subscribe(bindConsumer(c, { db, logger: silentLogger }));
+    const jobs = Array.from({ length: 40 }, (_, i) => job(i));
+    for (const e of jobs) await queue.publish(c.queue, e);
+    await queue.drain();
+    await queue.close();
+    expect(killedOnce.size).toBe(14);
+    const [totals] = await pg.sql<{ effects: number; fences: number; orphans: number }[]>`
+      select (select count(*)::int from test_effects) as effects,
+             (select count(*)::int from core.processed_jobs) as fences,
+             (select count(*)::int from core.processed_jobs f
+               where not exists (select 1 from test_effects e where e.job_id = f.job_id)) as orphans`;
+    expect(totals).toEqual({ effects: 40, fences: 40, orphans: 0 });
+  });
+});
+
+describe("the dead-letter decision is serialised with the work (#8 item 3)", () => {
+  /** A consumer whose handler, on attempt 5, waits for the test before finishing. */
+  function gated(outcome: "commit" | "fail") {
+    let reached!: () => void;
+    const inside = new Promise<void>((r) => {
+      reached = r;
+    });
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const definition = consumer(async (data, { tx, envelope, attempt }) => {
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      if (attempt === 5) {
+        reached();
+        await gate;
+        if (outcome === "fail") throw new Error("attempt 5 failed too");
+      }
+    });
+    return { definition, inside, release };
+  }
+
+  /** Waits until some backend of the test database is blocked on a lock. */
+  async function someoneWaitsOnALock() {
+    for (let i = 0; i < 500; i++) {
+      const [row] = await pg.sql<{ n: number }[]>`
+        select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`;
+      if ((row?.n ?? 0) > 0) return;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    throw new Error("no delivery ever waited on the job's key");
+  }
+
+  test.each([
+    ["commits", "commit", { effects: 1, fences: 1, letters: 0 }, "duplicate"],
+    ["fails", "fail", { effects: 0, fences: 0, letters: 1 }, "dead_lettered"],
+  ] as const)(
+    "a past-budget delivery arriving while attempt 5 is still running waits for it: attempt 5 %s → never both a fence and a letter",
+    async (_name, outcome, expected, pastBudget) => {
+      const { definition, inside, release } = gated(outcome);
+      const e = job(7);
+      const running = bindConsumer(definition, { db: pool(1), logger: silentLogger }).deliver({
+        body: body(e),
+        deliveryCount: 5,
+      });
+      await inside;
+      const late = bindConsumer(definition, { db: pool(2), logger: silentLogger }).deliver({
+        body: body(e),
+        deliveryCount: 6,
+      });
+      await someoneWaitsOnALock();
+      release();
+      const [fifth, sixth] = await Promise.all([running, late]);
+      expect(fifth.outcome).toBe(outcome === "commit" ? "success" : "dead_lettered");
+      expect(sixth.outcome).toBe(pastBudget);
+      expect(await stateOf(e.job_id)).toEqual(expected);
+    },
+  );
+});
+
+describe("every handler run is bounded in time (#8 item 12)", () => {
+  test.each([
+    ["stuck in pg_sleep", "sleep"],
+    ["stuck in a promise that never resolves", "hang"],
+  ] as const)(
+    "a handler %s is aborted at timeoutMs: rolled back, retried as transient, its connection destroyed",
+    async (_name, how) => {
+      const db = pool(1);
+      let signalled = false;
+      let pidSeen = 0;
+      const c = bindConsumer(
+        consumer(
+          async (data, { tx, envelope, signal, attempt }) => {
+            await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+            if (attempt > 1) return;
+            pidSeen = await backendPid(tx);
+            signal.addEventListener("abort", () => {
+              signalled = true;
+            });
+            if (how === "sleep") await tx.execute(dsql`select pg_sleep(30)`);
+            else await new Promise(() => {});
+          },
+          { timeoutMs: 300 },
+        ),
+        { db, logger: silentLogger },
+      );
+      const e = job(3);
+      const result = await c.deliver({ body: body(e), deliveryCount: 1 });
+      expect(result).toMatchObject({ outcome: "retry", error: expect.stringMatching(/timeoutMs \(300 ms\)/) });
+      expect(signalled).toBe(true);
+      // The stuck backend goes away (server-side statement timeout / closed socket): no transaction left open.
+      for (let i = 0; i < 300; i++) {
+        const [row] = await pg.sql<
+          { n: number }[]
+        >`select count(*)::int as n from pg_stat_activity where pid = ${pidSeen}`;
+        if (row?.n === 0) break;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      const [left] = await pg.sql<
+        { n: number }[]
+      >`select count(*)::int as n from pg_stat_activity where pid = ${pidSeen}`;
+      expect(left?.n).toBe(0);
+      expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+      // The one-connection pool still works: the retry commits once.
+      expect(await c.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "success" });
+      expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    },
+  );
+
+  test("a handler that ignores the signal and writes through tx after its timeout writes nothing anywhere", async () => {
+    const db = pool(1);
+    let lateWrite: Promise<unknown> | undefined;
+    const c = bindConsumer(
+      consumer(
+        async (data, { tx, envelope }) => {
+          await new Promise((r) => setTimeout(r, 600));
+          lateWrite = tx
+            .insert(effects)
+            .values({ jobId: envelope.job_id, consumer: "late", amount: data.n })
+            .catch((error: unknown) => error);
+          await lateWrite;
+        },
+        { timeoutMs: 200 },
+      ),
+      { db, logger: silentLogger },
+    );
+    const e = job(4);
+    expect(await c.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "retry" });
+    await new Promise((r) => setTimeout(r, 700));
+    expect(lateWrite).toBeDefined();
+    expect(await lateWrite).toBeInstanceOf(Error);
+    expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+  });
+
+  test("defineConsumer refuses a timeoutMs that is not a positive number of milliseconds", () => {
+    for (const timeoutMs of [0, -1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      expect(() => consumer(async () => {}, { timeoutMs })).toThrow(/timeoutMs must be/);
+    }
+  });
+});
