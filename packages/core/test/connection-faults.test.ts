@@ -88,7 +88,7 @@ function startWorker(envelopes: readonly Envelope[], label: string): Worker {
     stderr += chunk.toString();
   });
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
-    child.on("exit", (code, signal) => {
+    child.on("close", (code, signal) => {
       exit = { code, signal };
       rmSync(file, { force: true });
       resolve(exit);
@@ -190,8 +190,10 @@ test("a worker whose backends are terminated mid-handler, again and again, keeps
   const worker = startWorker(envelopes, "terminate");
   const terminated: number[] = [];
   let rounds = 0;
-  // Eight rounds, spread over the run: wait for the worker to be inside work
-  // transactions, terminate those backends, let it settle more deliveries.
+  // Eight rounds, spread over the run once it is under way: wait for the
+  // worker to be inside work transactions, terminate those backends, let it
+  // settle more deliveries.
+  await worker.until("10 settled deliveries", () => worker.settled >= 10);
   for (let round = 0; round < 8 && !worker.done; round++) {
     let pids: number[] = [];
     for (let poll = 0; poll < 300 && pids.length === 0 && !worker.done; poll++) {

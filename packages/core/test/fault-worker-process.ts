@@ -15,7 +15,7 @@ import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { z } from "zod";
 import { createMemoryQueue } from "../src/adapters/memory/index.ts";
-import { bindConsumer, defineConsumer, type Envelope } from "../src/index.ts";
+import { type BoundConsumer, bindConsumer, defineConsumer, type Envelope } from "../src/index.ts";
 import { effects } from "./fixtures.ts";
 
 const [url, file, applicationName] = process.argv.slice(2);
@@ -64,9 +64,35 @@ const consumer = defineConsumer({
   },
 });
 
-const bound = bindConsumer(consumer, {
+const harness = bindConsumer(consumer, {
   db: drizzle({ client: sql }),
   logger: { warn: () => {}, error: () => {} },
+});
+// Deliveries in flight, so a wedge can say which ones never settled.
+const inFlight = new Map<object, { job: string; delivery: number; since: number }>();
+const bound: BoundConsumer = {
+  name: harness.name,
+  queue: harness.queue,
+  async deliver(delivery) {
+    const key = {};
+    const job = typeof delivery.body === "string" ? (JSON.parse(delivery.body) as Envelope).job_id : "?";
+    inFlight.set(key, { job, delivery: delivery.deliveryCount, since: Date.now() });
+    try {
+      return await harness.deliver(delivery);
+    } finally {
+      inFlight.delete(key);
+    }
+  },
+};
+// Node exits (with 13) when the event loop empties while the top-level await
+// below still waits: a delivery whose promise will never settle (a wedged
+// connection). Say which ones. (The exit event sees code 0 then, hence the flag.)
+let finished = false;
+process.on("exit", () => {
+  if (finished) return;
+  const now = Date.now();
+  const stuck = [...inFlight.values()].map((d) => ({ ...d, since: `${now - d.since} ms ago` }));
+  process.stdout.write(`EXITING before the end, deliveries in flight: ${JSON.stringify(stuck)}\n`);
 });
 const queue = createMemoryQueue({ concurrency: 4, visibilityTimeoutMs: 2_000 });
 const outcomes: Record<string, number> = {};
@@ -89,7 +115,24 @@ queue.subscribe(bound);
 
 const envelopes = JSON.parse(await readFile(file, "utf8")) as Envelope[];
 for (const envelope of envelopes) await queue.publish(consumer.queue, envelope);
+// Keeps the event loop alive while draining: the in-process adapter's drain()
+// waits on an unref'd timer for a retried message, so without this the process
+// can exit (code 13) just as a retry falls due. Also says which deliveries are
+// stuck when nothing has settled for 5 s (a wedged connection).
+let lastSettled = Date.now();
+queue.onDelivery(() => {
+  lastSettled = Date.now();
+});
+const watchdog = setInterval(() => {
+  if (Date.now() - lastSettled < 5_000) return;
+  const now = Date.now();
+  const stuck = [...inFlight.values()].map((d) => ({ ...d, since: `${now - d.since} ms ago` }));
+  process.stdout.write(
+    `STALLED for ${now - lastSettled} ms, ${queue.pending()} messages pending, deliveries in flight: ${JSON.stringify(stuck)}\n`,
+  );
+}, 1_000);
 await queue.drain();
+clearInterval(watchdog);
 process.stdout.write(`DONE ${JSON.stringify({ outcomes, errors, notices })}\n`);
 
 for await (const line of createInterface({ input: process.stdin })) {
@@ -102,3 +145,4 @@ for await (const line of createInterface({ input: process.stdin })) {
 }
 await queue.close();
 await sql.end({ timeout: 5 });
+finished = true;
