@@ -66,7 +66,15 @@ let exitHookInstalled = false;
  * Call stop() when done (an exit hook also stops it if the process ends first).
  */
 export async function startThrowawayPostgres(options: ThrowawayPostgresOptions = {}): Promise<ThrowawayPostgres> {
-  const binDir = execFileSync("pg_config", ["--bindir"], { encoding: "utf8" }).trim();
+  let binDir: string;
+  try {
+    binDir = execFileSync("pg_config", ["--bindir"], { encoding: "utf8" }).trim();
+  } catch (error) {
+    throw new Error(
+      "startThrowawayPostgres(): `pg_config --bindir` failed, so initdb and pg_ctl cannot be found; install the " +
+        `PostgreSQL server binaries (Debian: apt-get install postgresql) (${(error as Error).message})`,
+    );
+  }
   const pgCtl = join(binDir, "pg_ctl");
   const asRoot = process.getuid?.() === 0;
   const dir = realpathSync(mkdtempSync(join(tmpdir(), "softcrum-pg-")));
