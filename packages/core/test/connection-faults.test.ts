@@ -60,6 +60,9 @@ interface Worker {
   /** Resolves when `check()` holds; rejects when the worker exits first or `timeoutMs` passes. */
   until(what: string, check: () => boolean, timeoutMs?: number): Promise<void>;
   send(line: string): void;
+  /** What it printed on stdout, line by line. */
+  lines(): string[];
+  /** Everything, for a failure message. */
   output(): string;
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   kill(): void;
@@ -104,19 +107,29 @@ function startWorker(envelopes: readonly Envelope[], label: string): Worker {
       return settled;
     },
     get done() {
-      return stdout.includes("\nDONE ") || stdout.startsWith("DONE ");
+      return /^DONE /m.test(stdout);
     },
     async until(what, check, timeoutMs = 25_000) {
       const deadline = Date.now() + timeoutMs;
       while (!check()) {
         if (exit) throw new Error(`worker exited (${exit.code ?? exit.signal}) before ${what}: ${output()}`);
-        if (Date.now() > deadline) throw new Error(`worker did not reach ${what} in ${timeoutMs} ms: ${output()}`);
+        if (Date.now() > deadline) {
+          const backends = await withClient(
+            (sql) => sql`
+              select pid, state, backend_xid as xid, now() - state_change as for, left(query, 100) as query
+              from pg_stat_activity where application_name = ${applicationName}`,
+          ).catch((error: Error) => error.message);
+          throw new Error(
+            `worker did not reach ${what} in ${timeoutMs} ms; its backends: ${JSON.stringify(backends)}; ${output()}`,
+          );
+        }
         await new Promise((resolve) => setTimeout(resolve, 10));
       }
     },
     send(line) {
       child.stdin.write(`${line}\n`);
     },
+    lines: () => stdout.split("\n"),
     output,
     exited,
     kill() {
@@ -134,10 +147,7 @@ const awards = () =>
 
 /** What the worker printed in its DONE line. */
 function report(worker: Worker) {
-  const line = worker
-    .output()
-    .split("\n")
-    .find((l) => l.startsWith("DONE "));
+  const line = worker.lines().find((l) => l.startsWith("DONE "));
   if (!line) throw new Error(`no DONE line: ${worker.output()}`);
   return JSON.parse(line.slice("DONE ".length)) as {
     outcomes: Record<string, number>;
@@ -150,12 +160,20 @@ function report(worker: Worker) {
 async function expectAliveThenExit(worker: Worker) {
   let pongs = 0;
   worker.send("PING");
-  await worker.until("PONG", () => {
-    pongs = worker.output().match(/^PONG 1$/gm)?.length ?? 0;
-    return pongs > 0;
-  });
+  await worker.until(
+    "PONG",
+    () => {
+      pongs = worker.lines().filter((l) => l === "PONG 1").length;
+      return pongs > 0;
+    },
+    5_000,
+  );
   worker.send("EXIT");
-  expect(await worker.exited, worker.output()).toEqual({ code: 0, signal: null });
+  const exit = await Promise.race([
+    worker.exited,
+    new Promise<string>((resolve) => setTimeout(() => resolve("still running 10 s after EXIT"), 10_000)),
+  ]);
+  expect(exit, worker.output()).toEqual({ code: 0, signal: null });
 }
 
 /** Every job has exactly one fence and one effect; nothing else was written; no dead letter. */
@@ -232,3 +250,30 @@ test("a worker survives Postgres restarts mid-run and, once the server is back, 
   await expectEveryJobOnce(envelopes, worker);
   await expectAliveThenExit(worker);
 }, 40_000);
+
+test("a reserve() waiting for a connection still gets one when a reserved connection's backend is terminated (#8 item 11)", async () => {
+  // postgres.js 3.4.9 hands a closed connection to the first waiting query
+  // as its `initial` query, and drops it there when that query is a reserve():
+  // a worker whose deliveries wait for a connection wedges for good.
+  const applicationName = `faults-reserve-${process.pid}`;
+  const sql = postgres(cluster().url, {
+    max: 1,
+    onnotice: () => {},
+    connection: { application_name: applicationName },
+  });
+  try {
+    const first = await sql.reserve();
+    await first`select 1`;
+    const waiting = sql.reserve();
+    expect(await cluster().terminateBackends(applicationName)).toHaveLength(1);
+    const second = await Promise.race([
+      waiting,
+      new Promise<string>((resolve) => setTimeout(() => resolve("no connection 5 s after the backend died"), 5_000)),
+    ]);
+    if (typeof second === "string") expect.fail(second);
+    expect(await second`select 1 as n`).toEqual([{ n: 1 }]);
+    second.release();
+  } finally {
+    await sql.end({ timeout: 1 });
+  }
+});

@@ -143,6 +143,7 @@ for await (const line of createInterface({ input: process.stdin })) {
     break;
   }
 }
+process.stdin.destroy();
 await queue.close();
 await sql.end({ timeout: 5 });
 finished = true;
