@@ -233,19 +233,16 @@ test("a worker whose backends are terminated mid-handler, again and again, keeps
   await expectAliveThenExit(worker);
 }, 40_000);
 
-test("a worker survives Postgres restarts mid-run and, once the server is back, applies every job exactly once (#8 item 11)", async () => {
+test("a worker survives a Postgres restart mid-run and, once the server is back, applies every job exactly once (#8 item 11)", async () => {
   const envelopes = awards();
   const worker = startWorker(envelopes, "restart");
-  let restartsMidRun = 0;
-  for (const at of [50, 120]) {
-    await worker.until(`${at} settled deliveries`, () => worker.done || worker.settled >= at);
-    if (worker.done) break;
-    await cluster().restart();
-    restartsMidRun += 1;
-  }
+  await worker.until("60 settled deliveries", () => worker.settled >= 60);
+  // Not a timing assertion: the restart must begin while jobs are still to do.
+  const doneBeforeRestart = worker.done;
+  await cluster().restart();
   await worker.until("DONE", () => worker.done);
 
-  expect(restartsMidRun).toBe(2);
+  expect(doneBeforeRestart).toBe(false);
   expect(worker.settled).toBeGreaterThan(JOBS);
   await expectEveryJobOnce(envelopes, worker);
   await expectAliveThenExit(worker);

@@ -28,6 +28,10 @@ const notices: Record<string, number> = {};
 const sql = postgres(url, {
   max: 4,
   connect_timeout: 5,
+  // Reconnect within 0.2 s after a failure instead of postgres.js's default
+  // (up to 20 s, growing with every failed connection of the pool): the same
+  // recovery, inside the test's time budget.
+  backoff: () => 0.2,
   connection: { application_name: applicationName },
   onnotice: (notice) => {
     const key = `${notice["code"]} ${notice["message"]}`;
