@@ -98,7 +98,10 @@ function startWorker(envelopes: readonly Envelope[], label: string): Worker {
     });
   });
   const output = () => {
-    const lines = stdout.split("\n").filter((l) => !l.startsWith("SETTLED "));
+    // Only the last of the worker's once-a-second STALLED lines.
+    const all = stdout.split("\n").filter((l) => !l.startsWith("SETTLED "));
+    const lastStalled = all.findLast((l) => l.startsWith("STALLED "));
+    const lines = all.filter((l) => !l.startsWith("STALLED ") || l === lastStalled);
     return `settled ${settled}; stdout: ${lines.join("\n")}\nstderr: ${stderr.slice(-4000)}\nserver log:\n${cluster().log()}`;
   };
   const worker: Worker = {
