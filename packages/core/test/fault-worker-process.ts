@@ -38,6 +38,17 @@ const sql = postgres(url, {
     notices[key] = (notices[key] ?? 0) + 1;
   },
 });
+// Counts reserve() calls still waiting for a connection, for the STALLED line.
+let waitingForConnection = 0;
+const reserve = sql.reserve.bind(sql);
+sql.reserve = async () => {
+  waitingForConnection += 1;
+  try {
+    return await reserve();
+  } finally {
+    waitingForConnection -= 1;
+  }
+};
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 const FAULTS_CONSUMER = "faults.award";
@@ -132,7 +143,7 @@ const watchdog = setInterval(() => {
   const now = Date.now();
   const stuck = [...inFlight.values()].map((d) => ({ ...d, since: `${now - d.since} ms ago` }));
   process.stdout.write(
-    `STALLED for ${now - lastSettled} ms, ${queue.pending()} messages pending, deliveries in flight: ${JSON.stringify(stuck)}\n`,
+    `STALLED for ${now - lastSettled} ms, ${queue.pending()} messages pending, ${waitingForConnection} reserve() calls waiting for a connection, deliveries in flight: ${JSON.stringify(stuck)}\n`,
   );
 }, 1_000);
 await queue.drain();
