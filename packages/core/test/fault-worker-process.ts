@@ -6,6 +6,9 @@
 //   DONE <json>                once every job is acknowledged: outcome counts, the
 //                              errors of failed deliveries, the notices seen;
 //   PONG <n>                   after "PING" on stdin: a query through the same pool worked;
+//   STALLED ...                every second once nothing has settled for 5 s: the
+//                              deliveries in flight, the reserve() calls waiting;
+//   EXITING ...                when the process ends before its work is done;
 // and exits 0 after "EXIT" on stdin. A crash (e.g. an uncaught TypeError from
 // postgres.js) exits non-zero with the stack on stderr.
 import { readFile } from "node:fs/promises";
