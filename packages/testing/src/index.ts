@@ -4,3 +4,5 @@ export type { ScriptResult } from "./run-script.ts";
 export { runScript } from "./run-script.ts";
 export type { Connection, TestDatabase } from "./test-database.ts";
 export { useTestDatabase } from "./test-database.ts";
+export type { ThrowawayPostgres, ThrowawayPostgresOptions } from "./throwaway-postgres.ts";
+export { startThrowawayPostgres } from "./throwaway-postgres.ts";
