@@ -159,6 +159,33 @@ describe("anything thrown while validating is poison (#8 item 5)", () => {
     expect((await letters())[0]?.lastError).toMatch(/RangeError: Maximum call stack size exceeded/);
   });
 
+  test("a schema that throws something that is not an Error, even a value that throws when read, is still poison", async () => {
+    const hostile = new Proxy(
+      {},
+      {
+        get: () => {
+          throw new Error("no");
+        },
+        getPrototypeOf: () => {
+          throw new Error("no");
+        },
+      },
+    );
+    const consumer = consumerOf(
+      z.object({
+        customerId: z.string().transform(() => {
+          throw hostile;
+        }),
+      }),
+    );
+    const result = await bindConsumer(consumer, deps()).deliver({
+      body: JSON.stringify(envelopeOf({ customerId: "c-1" })),
+      deliveryCount: 1,
+    });
+    expect(result).toMatchObject({ outcome: "poison", ack: true });
+    expect((await letters())[0]?.lastError).toMatch(/threw something that cannot even be described/);
+  });
+
   test.each([
     [
       "throws",
@@ -209,13 +236,32 @@ describe("one poison message, one letter (#8 item 6)", () => {
     const consumer = consumerOf(awardSchema);
     const alerts = recordingAlerts();
     const body = "{this is not json";
-    // Each copy gets its own pool: the inserts race in Postgres, not in this process.
+    // Each copy gets its own pool: the inserts race in Postgres, not in this
+    // process. An uncommitted letter of the same payload holds all 8 at the
+    // unique index until every one of them is waiting there, so they do race.
+    const blocker = await pg.connect({ max: 1 }).sql.reserve();
+    await blocker`begin`;
+    await blocker`insert into core.dead_letters (id, queue, consumer, payload, attempts, last_error, error_class, payload_sha256)
+      values (gen_random_uuid(), ${consumer.queue}, ${consumer.name}, ${body}, 0, 'blocker', 'poison', ${sha256(body)})`;
     const bound = Array.from({ length: 8 }, () =>
       bindConsumer(consumer, deps({ db: pg.connect({ max: 1 }).db, alerts: alerts.port })),
     );
-    const results = await Promise.all(
+    let settled = false;
+    const delivered = Promise.all(
       bound.map((b, i) => b.deliver({ body, deliveryCount: 1, messageId: `msg-${i}` })),
-    );
+    ).finally(() => {
+      settled = true; // without de-duplication nothing waits on the blocker
+    });
+    while (!settled) {
+      const [row] = await pg.sql<{ n: number }[]>`
+        select count(*)::int as n from pg_stat_activity
+        where datname = current_database() and wait_event_type = 'Lock' and query like 'insert into "core"."dead_letters"%'`;
+      if (row?.n === 8) break;
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    await blocker`rollback`;
+    blocker.release();
+    const results = await delivered;
 
     const rows = await letters();
     expect(rows).toHaveLength(1);

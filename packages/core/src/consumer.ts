@@ -410,9 +410,11 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       received = decodeBody(body);
       if (received.decodeError !== undefined) return poison(received.decodeError);
       stage = "reading the envelope";
-      fields = readableFields(received.value);
       const check = checkEnvelope(received.value);
-      if (!check.ok) return poison(`invalid envelope: ${check.issues.join("; ")}`);
+      if (!check.ok) {
+        fields = readableFields(received.value);
+        return poison(`invalid envelope: ${check.issues.join("; ")}`);
+      }
       const envelope = check.envelope;
       fields = envelope;
       if (!consumer.kinds.has(envelope.kind)) {
@@ -436,7 +438,18 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       }
       return { ok: true, received, envelope, parsed: { data: parsed.data }, lockKey };
     } catch (thrown) {
-      return poison(`${stage} threw ${describeError(thrown)}`);
+      if (fields.job_id === undefined && received.value !== undefined) {
+        try {
+          fields = readableFields(received.value);
+        } catch {} // a value whose fields throw when read: nothing readable
+      }
+      let described: string;
+      try {
+        described = describeError(thrown);
+      } catch {
+        described = "something that cannot even be described"; // e.g. a Proxy that throws on every read
+      }
+      return poison(`${stage} threw ${described}`);
     }
   }
 
