@@ -414,7 +414,9 @@ describe("honest evidence after a failed dead-letter write (#8 item 7)", () => {
     const body = JSON.stringify(envelopeOf({ customerId: "c-1", points: 5 }));
 
     await withRefusedDeadLetters(() => bound.deliver({ body, deliveryCount: 4 }));
-    const last = await bound.deliver({ body, deliveryCount: 5 }); // the handler runs again (fenced: no double effect)
+    // Within the budget the handler runs again (inside the fence: no double effect).
+    const last = await bound.deliver({ body, deliveryCount: 5 });
+    expect(runs).toBe(2);
     expect(last).toMatchObject({ outcome: "dead_lettered", errorClass: "exhausted" });
     const [row] = await letters();
     expect(row?.lastError).toMatch(/^Error: connect ETIMEDOUT 10\.0\.0\.7:443/);
