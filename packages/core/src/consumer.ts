@@ -23,6 +23,7 @@ import {
 } from "./db/work-transaction.ts";
 import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
+import { LruMap } from "./lru-map.ts";
 import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
@@ -177,6 +178,12 @@ type DeadLetterInput = {
   cause?: unknown;
   received: ReceivedPayload;
   envelope: Partial<Record<"job_id" | "tenant_id" | "correlation_id" | "kind", string>>;
+  /**
+   * Where the cause comes from, when it is not this delivery: `remembered`, a
+   * failure whose letter could not be written earlier; `unknown`, nobody here
+   * knows (a delivery past the budget). @default this delivery
+   */
+  evidence?: "remembered" | "unknown";
 };
 
 /** What writing a dead letter returned: its id, whether it is new (alert) or one more occurrence, and what was stored. */
@@ -195,6 +202,28 @@ interface DeadLetterWrite {
 /** Deferral of a delivery whose handler never started: from about a second, doubling, up to 5 minutes. */
 const NOT_STARTED_BASE_MS = 1_000;
 const NOT_STARTED_CAP_MS = 300_000;
+
+/** What a failed dead-letter write would have said; see `ConsumerRunner.#unwrittenLetters`. */
+type UnwrittenLetter = Pick<DeadLetterInput, "errorClass" | "attempts" | "error">;
+
+/**
+ * How many unwritten letters a bound consumer remembers. A letter fails to be
+ * written only while the database is failing; one per job in flight then
+ * covers a busy worker, and it costs a few hundred bytes each.
+ */
+const UNWRITTEN_LETTERS_REMEMBERED = 4096;
+
+/** The result of the poison check: what the handler needs, or why the payload is poison. */
+type Decoded<TData> =
+  | {
+      ok: true;
+      received: ReceivedPayload;
+      envelope: Envelope;
+      parsed: { data: TData };
+      /** The advisory-lock key of the consumer's ordering key, if it has one. */
+      lockKey: string | undefined;
+    }
+  | { ok: false; received: ReceivedPayload; fields: DeadLetterInput["envelope"]; error: string };
 
 /** The payload as stored in a dead letter, plus what JSON it held (if any). */
 interface ReceivedPayload {
@@ -218,6 +247,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #logger: Logger;
   readonly #random: () => number;
   readonly #now: () => number;
+  /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
+  readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
 
   constructor(consumer: Consumer<TSchema>, deps: HarnessDeps) {
     if (typeof deps?.db?.transaction !== "function") {
@@ -241,47 +272,19 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     if (delivery.targetConsumer !== undefined && delivery.targetConsumer !== consumer.name) {
       return this.#finish("skipped", { outcome: "skipped", ack: true });
     }
-    const received = decodeBody(delivery.body);
 
     // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.
-    if (received.decodeError !== undefined) {
-      return this.#poison(received, received.decodeError, {});
-    }
-    const check = checkEnvelope(received.value);
-    if (!check.ok) {
-      return this.#poison(received, `invalid envelope: ${check.issues.join("; ")}`, readableFields(received.value));
-    }
-    const envelope = check.envelope;
-    if (!consumer.kinds.has(envelope.kind)) {
-      const accepted = [...consumer.kinds].join(", ");
-      return this.#poison(
-        received,
-        `kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`,
-        envelope,
-      );
-    }
-    const parsed = consumer.schema.safeParse(envelope.data);
-    if (!parsed.success) {
-      return this.#poison(
-        received,
-        `invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`,
-        envelope,
-      );
-    }
+    const decoded = await this.#decode(delivery.body);
+    if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields);
+    const { received, envelope, parsed, lockKey } = decoded;
 
     const attempt = Number.isInteger(delivery.deliveryCount) && delivery.deliveryCount > 0 ? delivery.deliveryCount : 1;
     const policy = consumer.retryPolicy;
 
-    // A delivery past the budget means earlier ones died without reporting
-    // (worker crash, timeout): running the handler again could loop forever.
+    // A delivery past the budget means earlier ones ended without an
+    // acknowledgement: running the handler again could loop forever.
     if (attempt > policy.maxAttempts) {
-      return this.#deadLetterUnlessCommitted({
-        errorClass: "exhausted",
-        attempts: attempt - 1,
-        error: `delivery ${attempt} is past the budget of ${policy.maxAttempts} attempts; the handler was not run again (earlier deliveries crashed or timed out the worker)`,
-        received,
-        envelope,
-      });
+      return this.#deadLetterUnlessCommitted(this.#pastBudget(attempt, received, envelope));
     }
     // Age counts from when the message was due (a job scheduled ahead is not
     // old on arrival); a replay an operator asked for is never expired.
@@ -306,11 +309,6 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     const started = performance.now();
     let ran: Awaited<ReturnType<RunInWorkTransaction>>;
     try {
-      // The consumer name prefixes the ordering key ("|" cannot occur in a
-      // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
-      const lockKey = consumer.orderingKey
-        ? `${consumer.name}|${consumer.orderingKey(parsed.data, envelope).replaceAll("\u0000", "")}`
-        : undefined;
       ran = await this.#runInWorkTransaction(
         { jobId: envelope.job_id, consumer: consumer.name, lockKey, timeoutMs: consumer.timeoutMs },
         (tx, signal) => consumer.handle(parsed.data, new Context(tx, envelope, attempt, consumer.name, signal)),
@@ -394,6 +392,98 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return this.#finish(outcome, { outcome, ack: true });
   }
 
+  /**
+   * Everything the payload decides before the handler runs: the bytes, the
+   * envelope, the kind, the consumer's schema and its ordering key. Anything
+   * any of them throws (a schema's `transform`/`refine` calling `new URL` or
+   * `BigInt`, a stack overflow on deeply nested data, an `orderingKey` that
+   * throws) is poison too: the same payload throws the same way on every
+   * delivery, so retrying it can only loop. Never throws.
+   */
+  async #decode(body: unknown): Promise<Decoded<z.output<TSchema>>> {
+    const consumer = this.#consumer;
+    let received: ReceivedPayload = { text: "", encoding: "utf8" };
+    let fields: DeadLetterInput["envelope"] = {};
+    let stage = "decoding the payload";
+    const poison = (error: string): Decoded<never> => ({ ok: false, received, fields, error });
+    try {
+      received = decodeBody(body);
+      if (received.decodeError !== undefined) return poison(received.decodeError);
+      stage = "reading the envelope";
+      const check = checkEnvelope(received.value);
+      if (!check.ok) {
+        fields = readableFields(received.value);
+        return poison(`invalid envelope: ${check.issues.join("; ")}`);
+      }
+      const envelope = check.envelope;
+      fields = envelope;
+      if (!consumer.kinds.has(envelope.kind)) {
+        const accepted = [...consumer.kinds].join(", ");
+        return poison(`kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`);
+      }
+      stage = `validating data for ${envelope.kind}`;
+      // Async: a schema with an async refinement works instead of throwing on every message.
+      const parsed = await consumer.schema.safeParseAsync(envelope.data);
+      if (!parsed.success) {
+        return poison(`invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`);
+      }
+      let lockKey: string | undefined;
+      if (consumer.orderingKey) {
+        stage = `computing ${consumer.name}'s ordering key`;
+        const key: unknown = consumer.orderingKey(parsed.data, envelope);
+        if (typeof key !== "string") return poison(`${stage}: it returned ${typeof key}, not a string`);
+        // The consumer name prefixes the ordering key ("|" cannot occur in a
+        // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
+        lockKey = `${consumer.name}|${key.replaceAll("\u0000", "")}`;
+      }
+      return { ok: true, received, envelope, parsed: { data: parsed.data }, lockKey };
+    } catch (thrown) {
+      if (fields.job_id === undefined && received.value !== undefined) {
+        try {
+          fields = readableFields(received.value);
+        } catch {} // a value whose fields throw when read: nothing readable
+      }
+      let described: string;
+      try {
+        described = describeError(thrown);
+      } catch {
+        described = "something that cannot even be described"; // e.g. a Proxy that throws on every read
+      }
+      return poison(`${stage} threw ${described}`);
+    }
+  }
+
+  /**
+   * The dead letter of a delivery past the budget. Only this process can know
+   * why the earlier attempts ended (it remembers failures whose letter could
+   * not be written); otherwise it says that it does not know.
+   */
+  #pastBudget(
+    attempt: number,
+    received: ReceivedPayload,
+    envelope: Envelope,
+  ): DeadLetterInput & { envelope: Envelope } {
+    const known = this.#unwrittenLetters.get(envelope.job_id);
+    if (known) {
+      return {
+        errorClass: known.errorClass,
+        attempts: known.attempts,
+        error: `${known.error} (written by delivery ${attempt}, past the budget of ${this.#consumer.retryPolicy.maxAttempts} attempts, without running the handler again: this dead letter could not be written when the failure happened)`,
+        received,
+        envelope,
+        evidence: "remembered",
+      };
+    }
+    return {
+      errorClass: "exhausted",
+      attempts: attempt - 1,
+      error: `delivery ${attempt} is past the budget of ${this.#consumer.retryPolicy.maxAttempts} attempts; the handler was not run again. The outcome of the earlier attempts is unknown: they crashed or timed out the worker, or they failed and their dead letter could not be written`,
+      received,
+      envelope,
+      evidence: "unknown",
+    };
+  }
+
   #attributes(outcome: DeliveryOutcome): JobMetricAttributes {
     return { queue: this.queue, consumer: this.name, outcome };
   }
@@ -424,6 +514,13 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   }
 
   #deadLetterFailed(message: string, input: DeadLetterInput): DeliveryResult {
+    // Remembered so that the delivery past the budget can still tell the real
+    // cause (poison needs no memory: the payload says it again every time).
+    const jobId = input.envelope.job_id;
+    if (jobId !== undefined && input.errorClass !== "poison" && input.evidence === undefined) {
+      const error = boundedText(this.#withUnwrittenEvidence(input), LAST_ERROR_MAX) ?? input.error;
+      this.#unwrittenLetters.set(jobId, { errorClass: input.errorClass, attempts: input.attempts, error });
+    }
     this.#logger.error(message, {
       queue: this.queue,
       consumer: this.name,
@@ -431,6 +528,20 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       errorClass: input.errorClass,
     });
     return this.#finish("dead_letter_failed", { outcome: "dead_letter_failed", ack: false, error: message });
+  }
+
+  /**
+   * The error a letter records: this delivery's, and an earlier failure of
+   * the same job whose letter could not be written, when it said something
+   * else (a `permanent` rejection followed by a transient failure on a later
+   * attempt): neither cause is dropped.
+   */
+  #withUnwrittenEvidence(input: DeadLetterInput): string {
+    const jobId = input.envelope.job_id;
+    if (input.evidence !== undefined || jobId === undefined) return input.error;
+    const earlier = this.#unwrittenLetters.get(jobId);
+    if (!earlier || (earlier.errorClass === input.errorClass && earlier.error === input.error)) return input.error;
+    return `${input.error} (earlier, after attempt ${earlier.attempts}, a ${earlier.errorClass} dead letter could not be written: ${earlier.error})`;
   }
 
   #poison(received: ReceivedPayload, error: string, fields: DeadLetterInput["envelope"]): Promise<DeliveryResult> {
@@ -453,7 +564,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
   /** Inserts the row (or counts one more occurrence of the pending one); throws when it cannot. */
   async #writeDeadLetter(input: DeadLetterInput, executor: AnyPgDatabase | WorkTransaction): Promise<DeadLetterWrite> {
-    const error = boundedText(input.error, LAST_ERROR_MAX) ?? "unknown error";
+    const error = boundedText(this.#withUnwrittenEvidence(input), LAST_ERROR_MAX) ?? "unknown error";
     const jobId = boundedText(input.envelope.job_id, ENVELOPE_FIELD_MAX);
     const row = {
       id: uuidv7(),
@@ -462,6 +573,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       consumer: this.name,
       payload: input.received.text,
       payloadEncoding: input.received.encoding,
+      payloadSha256: payloadSha256(input.received),
       attempts: input.attempts,
       lastError: error,
       errorClass: input.errorClass,
@@ -471,20 +583,28 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     };
     // At most one pending_review row per (job, consumer): a second failure of
     // the same job while it waits for review updates that row's evidence.
-    const [written] = await executor
-      .insert(deadLetters)
-      .values(row)
-      .onConflictDoUpdate({
-        target: [deadLetters.jobId, deadLetters.consumer],
-        targetWhere: sql`status = 'pending_review'`,
-        set: {
-          occurrences: sql`${deadLetters.occurrences} + 1`,
-          lastSeenAt: sql`now()`,
-          lastError: sql`excluded.last_error`,
-          attempts: sql`excluded.attempts`,
-        },
-      })
-      .returning({ id: deadLetters.id, inserted: sql<boolean>`(xmax = 0)` });
+    // Without a job_id, the same bytes are the same message: copies
+    // redelivered after a lost ack (even under a new transport message id)
+    // update one letter instead of each writing and alerting.
+    const set = {
+      occurrences: sql`${deadLetters.occurrences} + 1`,
+      lastSeenAt: sql`now()`,
+      lastError: sql`excluded.last_error`,
+      attempts: sql`excluded.attempts`,
+    };
+    const insert = executor.insert(deadLetters).values(row);
+    const [written] = await (jobId === null
+      ? insert.onConflictDoUpdate({
+          target: [deadLetters.consumer, deadLetters.payloadSha256],
+          targetWhere: sql`status = 'pending_review' and job_id is null`,
+          set,
+        })
+      : insert.onConflictDoUpdate({
+          target: [deadLetters.jobId, deadLetters.consumer],
+          targetWhere: sql`status = 'pending_review'`,
+          set,
+        })
+    ).returning({ id: deadLetters.id, inserted: sql<boolean>`(xmax = 0)` });
     if (!written) throw new Error("dead letter insert returned no row"); // unreachable: upsert always returns one
     return { ...written, row, error };
   }
@@ -492,6 +612,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   #afterDeadLetter(input: DeadLetterInput, written: DeadLetterWrite): DeliveryResult {
     const outcome = input.errorClass === "poison" ? "poison" : "dead_lettered";
     const { row, error } = written;
+    if (input.envelope.job_id !== undefined) this.#unwrittenLetters.delete(input.envelope.job_id);
     if (written.inserted) {
       this.#alert({
         deadLetterId: written.id,
@@ -558,12 +679,25 @@ function decodeBody(body: unknown): ReceivedPayload {
     }
     return decodeText(text);
   }
-  // A transport that already decoded the JSON for us.
+  // A transport that already decoded the JSON for us. Text for the dead
+  // letter, whatever it is (too deep to stringify, a BigInt, no toString).
   let text: string | undefined;
   try {
     text = JSON.stringify(body);
   } catch {}
-  return { ...storable(text ?? String(body)), value: body };
+  if (text === undefined) {
+    try {
+      text = String(body);
+    } catch {
+      text = `[a decoded ${typeof body} that cannot be written as text]`;
+    }
+  }
+  return { ...storable(text), value: body };
+}
+
+/** SHA-256 (hex) of the payload's bytes: the same message, whichever copy of it this is. */
+function payloadSha256(received: ReceivedPayload): string {
+  return createHash("sha256").update(Buffer.from(received.text, received.encoding)).digest("hex");
 }
 
 function decodeText(text: string): ReceivedPayload {

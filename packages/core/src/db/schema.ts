@@ -72,6 +72,13 @@ export const deadLetters = core.table(
     consumer: text("consumer").notNull(),
     payload: text("payload").notNull(),
     payloadEncoding: text("payload_encoding").notNull().default("utf8"),
+    /**
+     * SHA-256 (hex) of the payload's bytes as received. A poison payload
+     * without a readable job_id is de-duplicated on it: a redelivered copy
+     * (lost ack, republish with a new message id) updates the pending letter.
+     * Null on letters written before it existed.
+     */
+    payloadSha256: text("payload_sha256"),
     attempts: integer("attempts").notNull(),
     lastError: text("last_error").notNull(),
     errorClass: text("error_class").$type<DeadLetterErrorClass>().notNull(),
@@ -93,6 +100,9 @@ export const deadLetters = core.table(
     uniqueIndex("dead_letters_one_pending_per_job_consumer")
       .on(t.jobId, t.consumer)
       .where(sql`${t.status} = 'pending_review'`),
+    uniqueIndex("dead_letters_one_pending_per_payload_without_job")
+      .on(t.consumer, t.payloadSha256)
+      .where(sql`${t.status} = 'pending_review' and ${t.jobId} is null`),
     index("dead_letters_status_created_idx").on(t.status, t.createdAt),
     index("dead_letters_queue_consumer_idx").on(t.queue, t.consumer, t.status),
     index("dead_letters_job_consumer_idx").on(t.jobId, t.consumer),

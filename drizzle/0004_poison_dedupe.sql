@@ -1,0 +1,2 @@
+ALTER TABLE "core"."dead_letters" ADD COLUMN "payload_sha256" text;--> statement-breakpoint
+CREATE UNIQUE INDEX "dead_letters_one_pending_per_payload_without_job" ON "core"."dead_letters" USING btree ("consumer","payload_sha256") WHERE "core"."dead_letters"."status" = 'pending_review' and "core"."dead_letters"."job_id" is null;
