@@ -424,11 +424,14 @@ export class ReplayBatches {
           }
         }
 
+        // The window first, the whole batch after: failures only grow, so the
+        // counts recorded (and the metric) never lag behind what the pause
+        // decision below saw.
+        const window = await this.#stats(id, batch.rateWindowStart);
         const overall = await this.#stats(id, null);
         if (overall.failedAgain > batch.failedAgain)
           this.#ops.metrics.failedAgain(overall.failedAgain - batch.failedAgain);
         await this.#db.update(replayBatches).set({ failedAgain: overall.failedAgain }).where(eq(replayBatches.id, id));
-        const window = await this.#stats(id, batch.rateWindowStart);
         const resolved = window.succeeded + window.failedAgain;
         if (
           !inSample &&
