@@ -115,6 +115,9 @@ describe("anything thrown while validating is poison (#8 item 5)", () => {
       });
       expect(rows[0]?.lastError).toMatch(error);
       expect(alerts.sent.map((a) => a.errorClass)).toEqual(["poison"]);
+      // The exception's message can quote payload values unquoted ("Cannot convert 12x"):
+      // the alert names the stage and the exception's class only; the row keeps the text.
+      expect(alerts.sent[0]?.error).toMatch(/^validating data for points\.award\.v1 threw \w+$/);
       expect(metrics.count("poison")).toBe(1);
       expect(await count("core.processed_jobs")).toBe(0);
     },

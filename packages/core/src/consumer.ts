@@ -184,6 +184,13 @@ type DeadLetterInput = {
    * knows (a delivery past the budget). @default this delivery
    */
   evidence?: "remembered" | "unknown";
+  /**
+   * What the alert may say instead of `error`, when `error` quotes whatever
+   * a schema or key function threw (its message can hold payload values
+   * unquoted, e.g. "Cannot convert 12x to a BigInt"): the stage and the
+   * exception's class only. @default error, redacted
+   */
+  alertError?: string;
 };
 
 /** What writing a dead letter returned: its id, whether it is new (alert) or one more occurrence, and what was stored. */
@@ -223,7 +230,13 @@ type Decoded<TData> =
       /** The advisory-lock key of the consumer's ordering key, if it has one. */
       lockKey: string | undefined;
     }
-  | { ok: false; received: ReceivedPayload; fields: DeadLetterInput["envelope"]; error: string };
+  | {
+      ok: false;
+      received: ReceivedPayload;
+      fields: DeadLetterInput["envelope"];
+      error: string;
+      alertError?: string;
+    };
 
 /** The payload as stored in a dead letter, plus what JSON it held (if any). */
 interface ReceivedPayload {
@@ -275,7 +288,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
     // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.
     const decoded = await this.#decode(delivery.body);
-    if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields);
+    if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
     const { received, envelope, parsed, lockKey } = decoded;
 
     const attempt = Number.isInteger(delivery.deliveryCount) && delivery.deliveryCount > 0 ? delivery.deliveryCount : 1;
@@ -405,7 +418,13 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     let received: ReceivedPayload = { text: "", encoding: "utf8" };
     let fields: DeadLetterInput["envelope"] = {};
     let stage = "decoding the payload";
-    const poison = (error: string): Decoded<never> => ({ ok: false, received, fields, error });
+    const poison = (error: string, alertError?: string): Decoded<never> => ({
+      ok: false,
+      received,
+      fields,
+      error,
+      ...(alertError === undefined ? {} : { alertError }),
+    });
     try {
       received = decodeBody(body);
       if (received.decodeError !== undefined) return poison(received.decodeError);
@@ -449,7 +468,13 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       } catch {
         described = "something that cannot even be described"; // e.g. a Proxy that throws on every read
       }
-      return poison(`${stage} threw ${described}`);
+      let name: string;
+      try {
+        name = thrown instanceof Error ? thrown.name : typeof thrown;
+      } catch {
+        name = "a value that cannot be read";
+      }
+      return poison(`${stage} threw ${described}`, `${stage} threw ${name}`);
     }
   }
 
@@ -544,8 +569,20 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return `${input.error} (earlier, after attempt ${earlier.attempts}, a ${earlier.errorClass} dead letter could not be written: ${earlier.error})`;
   }
 
-  #poison(received: ReceivedPayload, error: string, fields: DeadLetterInput["envelope"]): Promise<DeliveryResult> {
-    return this.#deadLetter({ errorClass: "poison", attempts: 0, error, received, envelope: fields });
+  #poison(
+    received: ReceivedPayload,
+    error: string,
+    fields: DeadLetterInput["envelope"],
+    alertError?: string,
+  ): Promise<DeliveryResult> {
+    return this.#deadLetter({
+      errorClass: "poison",
+      attempts: 0,
+      error,
+      received,
+      envelope: fields,
+      ...(alertError === undefined ? {} : { alertError }),
+    });
   }
 
   /**
@@ -625,7 +662,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         errorClass: input.errorClass,
         attempts: input.attempts,
         // Redacted: no value quoted in the error leaves the database (the row keeps the full text).
-        ...alertErrorFields(error, input.cause),
+        ...alertErrorFields(input.alertError ?? error, input.cause),
       });
     }
     return this.#finish(outcome, { outcome, ack: true, deadLetterId: written.id, errorClass: input.errorClass });

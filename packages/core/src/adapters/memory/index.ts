@@ -263,17 +263,25 @@ class InMemoryQueue implements MemoryQueue {
   }
 
   async drain(): Promise<void> {
-    for (;;) {
-      await this.#idle();
-      const next = this.#nextWakeAt();
-      if (next === undefined || this.#closed) return;
-      const clock = this.#clock as Clock & { advanceTo?: (t: number) => void };
-      if (typeof clock.advanceTo === "function") {
-        clock.advanceTo(next);
-        this.#pumpAll();
-      } else {
-        await new Promise((resolve) => setTimeout(resolve, Math.max(1, next - this.#clock.now())));
+    // The delivery timers are unref'd (a queue alone must not keep a process
+    // alive), so while someone awaits drain() this holds the process open:
+    // otherwise it could exit (code 13) while a retry waits to come due.
+    const keepAlive = setInterval(() => {}, 60_000);
+    try {
+      for (;;) {
+        await this.#idle();
+        const next = this.#nextWakeAt();
+        if (next === undefined || this.#closed) return;
+        const clock = this.#clock as Clock & { advanceTo?: (t: number) => void };
+        if (typeof clock.advanceTo === "function") {
+          clock.advanceTo(next);
+          this.#pumpAll();
+        } else {
+          await new Promise((resolve) => setTimeout(resolve, Math.max(1, next - this.#clock.now())));
+        }
       }
+    } finally {
+      clearInterval(keepAlive);
     }
   }
 
