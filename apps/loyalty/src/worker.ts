@@ -19,6 +19,8 @@ import {
 } from "@softcrum/core/maintenance";
 import { createOtelMetrics } from "@softcrum/core/metrics/opentelemetry";
 import { createOps, type Ops } from "@softcrum/core/ops";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
 import { createAwardPointsConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule, type LoyaltyModule } from "./composition-root.ts";
 
@@ -47,8 +49,16 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   checkFenceTtl({ ttlMs: options.fenceTtlMs, consumers: [createAwardPointsConsumer(options)], transportHoldMs });
 
   const sourceToken = process.env["BETTERSTACK_SOURCE_TOKEN"];
+  const databaseUrl = options.databaseUrl === undefined ? process.env["DATABASE_URL"] : options.databaseUrl;
+  // Alerts coalesce across the whole fleet through core.alert_windows, on a
+  // small pool of their own (the module's database is opened after its
+  // alerts are bound). The embedded database is one process: no fleet.
+  const alertsClient = sourceToken && databaseUrl ? postgres(databaseUrl, { max: 2, onnotice: () => {} }) : undefined;
   const alerts = sourceToken
-    ? (await import("@softcrum/core/alerts/betterstack")).createBetterStackAlerts({ sourceToken })
+    ? (await import("@softcrum/core/alerts/betterstack")).createBetterStackAlerts({
+        sourceToken,
+        ...(alertsClient ? { db: drizzle({ client: alertsClient }) } : {}),
+      })
     : undefined;
   let depthReader: (() => ReturnType<Ops["deadLetters"]["depth"]>) | undefined;
   const metrics = createOtelMetrics({ deadLetterDepth: () => (depthReader ? depthReader() : Promise.resolve([])) });
@@ -83,6 +93,7 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
       metrics.close();
       await module.close();
       await alerts?.close();
+      await alertsClient?.end({ timeout: 5 });
     },
   };
 }
