@@ -19,6 +19,9 @@ import { effects, silentLogger, useEffectsDatabase } from "./fixtures.ts";
 
 const pg = useEffectsDatabase("pooler");
 
+/** postgres.js reads `max_pipeline` (default 100) but its types leave it out. */
+type ClientOptions = postgres.Options<never> & { max_pipeline?: number };
+
 const POOL_SIZE = 5; // PgBouncer's server connections for the test database
 const hasPgBouncer = findPgBouncer() !== undefined;
 if (!hasPgBouncer) {
@@ -93,8 +96,8 @@ describe.skipIf(!hasPgBouncer)("through PgBouncer in transaction mode (#8 item 1
   let bouncer: PgBouncer;
   const clients: postgres.Sql[] = [];
   /** A postgres.js client on the test database through `url` (PgBouncer unless given), as a pooler wants it. */
-  const connectVia = (max: number, url: string) => {
-    const sql = postgres(url, { prepare: false, max, onnotice: () => {} });
+  const connectVia = (max: number, url: string, options: ClientOptions = {}) => {
+    const sql = postgres(url, { prepare: false, max, onnotice: () => {}, ...options });
     clients.push(sql);
     return drizzle({ client: sql });
   };
@@ -205,7 +208,7 @@ describe.skipIf(!hasPgBouncer)("through PgBouncer in transaction mode (#8 item 1
     });
 
     /** Delivers 200 jobs (some failing once, some duplicated) 8 at a time through the proxy; returns what it saw. */
-    async function run(pipeline: boolean | undefined) {
+    async function run(pipeline: boolean | undefined, client: ClientOptions = {}) {
       proxy.reset();
       const failFirst = new Set<string>();
       let name = "";
@@ -215,7 +218,7 @@ describe.skipIf(!hasPgBouncer)("through PgBouncer in transaction mode (#8 item 1
       });
       name = c.name;
       // A variable, not a literal: `pipeline` is not in HarnessDeps before the switch lands.
-      const deps = { db: connectVia(8, proxy.url(pg.name)), logger: silentLogger, pipeline } as HarnessDeps;
+      const deps = { db: connectVia(8, proxy.url(pg.name), client), logger: silentLogger, pipeline } as HarnessDeps;
       const deliveries: Delivery[] = [];
       for (let i = 0; i < 200; i++) {
         const envelope = job(`c-${i}`);
@@ -238,6 +241,14 @@ describe.skipIf(!hasPgBouncer)("through PgBouncer in transaction mode (#8 item 1
 
     test("with pipeline: false the harness sends one statement at a time and every job still has exactly one effect (#8 item 13)", async () => {
       const seen = await run(false);
+      expect(seen.queries).toBeGreaterThan(0);
+      expect({ pipelined: seen.pipelined, examples: seen.examples }).toEqual({ pipelined: 0, examples: [] });
+    });
+
+    test("a postgres.js client with max_pipeline: 0 sends nothing pipelined, the harness's BEGIN and fence included (#8 item 13)", async () => {
+      // The client-level switch (porsager/postgres #970's workaround): it also
+      // covers what the pool sends outside the work transaction.
+      const seen = await run(undefined, { max_pipeline: 0 });
       expect(seen.queries).toBeGreaterThan(0);
       expect({ pipelined: seen.pipelined, examples: seen.examples }).toEqual({ pipelined: 0, examples: [] });
     });
