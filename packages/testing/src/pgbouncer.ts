@@ -1,5 +1,14 @@
 import { execFileSync, spawn } from "node:child_process";
-import { accessSync, chownSync, constants, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import {
+  accessSync,
+  chownSync,
+  constants,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { delimiter, join } from "node:path";
@@ -75,7 +84,9 @@ export async function startPgBouncer(options: PgBouncerOptions): Promise<PgBounc
   if (!binary) throw new Error(NO_PGBOUNCER_MESSAGE);
   const user = options.user ?? "postgres";
   const asRoot = process.getuid?.() === 0;
-  const dir = mkdtempSync(join(tmpdir(), "softcrum-pgbouncer-"));
+  reapOrphans();
+  const dir = mkdtempSync(join(tmpdir(), DIR_PREFIX));
+  writeFileSync(join(dir, "owner.pid"), String(process.pid));
   if (asRoot) {
     try {
       const id = (flag: string) => Number(execFileSync("id", [flag, "postgres"], { encoding: "utf8" }).trim());
@@ -108,6 +119,42 @@ export async function startPgBouncer(options: PgBouncerOptions): Promise<PgBounc
   }
   rmSync(dir, { recursive: true, force: true });
   throw lastError;
+}
+
+const DIR_PREFIX = "softcrum-pgbouncer-";
+
+/**
+ * Stops the PgBouncers of test processes that died without stop() (killed,
+ * interrupted), found by their directories: a daemon outlives its test run.
+ * Only a pid that still runs pgbouncer is signalled (Linux /proc; elsewhere
+ * nothing is reaped).
+ */
+function reapOrphans(): void {
+  let entries: string[];
+  try {
+    entries = readdirSync(tmpdir()).filter((name) => name.startsWith(DIR_PREFIX));
+  } catch {
+    return;
+  }
+  for (const name of entries) {
+    const dir = join(tmpdir(), name);
+    const read = (file: string) => {
+      try {
+        return Number(readFileSync(join(dir, file), "utf8").trim()) || undefined;
+      } catch {
+        return undefined;
+      }
+    };
+    const owner = read("owner.pid");
+    if (owner === undefined || alive(owner)) continue;
+    const pid = read("pgbouncer.pid");
+    let command = "";
+    try {
+      if (pid) command = readFileSync(`/proc/${pid}/cmdline`, "utf8");
+    } catch {}
+    if (pid && command.includes("pgbouncer")) signal(pid, "SIGTERM");
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 function urlFor(port: number, user: string, password: string | undefined): (database: string) => string {
