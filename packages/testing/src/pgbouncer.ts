@@ -189,8 +189,8 @@ function iniText(options: PgBouncerOptions, user: string, dir: string, port: num
     "min_pool_size = 0",
     "reserve_pool_size = 0",
     "max_client_conn = 500",
-    // postgres.js sends these at startup; PgBouncer would refuse the connection.
-    "ignore_startup_parameters = extra_float_digits,options",
+    // No ignore_startup_parameters: a client sending a startup parameter a
+    // stock PgBouncer refuses (e.g. statement_timeout) must fail here too.
     `pidfile = ${join(dir, "pgbouncer.pid")}`,
     `logfile = ${join(dir, "pgbouncer.log")}`,
     "",
