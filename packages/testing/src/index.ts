@@ -1,3 +1,5 @@
+export type { PgBouncer, PgBouncerOptions } from "./pgbouncer.ts";
+export { findPgBouncer, NO_PGBOUNCER_MESSAGE, startPgBouncer, upstreamOf } from "./pgbouncer.ts";
 export type { PostgresServer } from "./postgres.ts";
 export { findPostgres, NO_POSTGRES_MESSAGE, uniqueDatabaseName, withAdmin, withDatabase } from "./postgres.ts";
 export type { ScriptResult } from "./run-script.ts";
