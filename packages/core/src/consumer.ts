@@ -441,8 +441,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         return poison(`kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`);
       }
       stage = `validating data for ${envelope.kind}`;
-      // Async: a schema with an async refinement works instead of throwing on every message.
-      const parsed = await consumer.schema.safeParseAsync(envelope.data);
+      const parsed = await parseData(consumer.schema, envelope.data);
       if (!parsed.success) {
         return poison(`invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`);
       }
@@ -689,8 +688,12 @@ class Context implements HandlerContext {
     readonly envelope: Envelope,
     readonly attempt: number,
     private readonly consumerName: string,
-    readonly signal: AbortSignal,
+    private readonly signalOf: () => AbortSignal,
   ) {}
+
+  get signal(): AbortSignal {
+    return this.signalOf();
+  }
 
   // Computed on first use: most handlers never call an external provider.
   get idempotencyKey(): string {
@@ -733,6 +736,26 @@ function decodeBody(body: unknown): ReceivedPayload {
 }
 
 /** SHA-256 (hex) of the payload's bytes: the same message, whichever copy of it this is. */
+/**
+ * Synchronous parse (most schemas), and the async one only for a schema with
+ * an async refinement or transform, which Zod refuses to run synchronously.
+ */
+function parseData<TSchema extends z.ZodType>(
+  schema: TSchema,
+  data: unknown,
+): z.ZodSafeParseResult<z.output<TSchema>> | Promise<z.ZodSafeParseResult<z.output<TSchema>>> {
+  try {
+    return schema.safeParse(data);
+  } catch (thrown) {
+    let needsAsync = false;
+    try {
+      needsAsync = (thrown as { constructor?: { name?: unknown } })?.constructor?.name === "$ZodAsyncError";
+    } catch {} // a thrown value that throws when read: not Zod's, rethrown as it is
+    if (needsAsync) return schema.safeParseAsync(data);
+    throw thrown;
+  }
+}
+
 function payloadSha256(received: ReceivedPayload): string {
   return createHash("sha256").update(Buffer.from(received.text, received.encoding)).digest("hex");
 }

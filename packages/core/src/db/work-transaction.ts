@@ -17,15 +17,16 @@
  *   after any failure it sends ROLLBACK and reads the answer; a connection
  *   that does not answer, or whose transaction state cannot be known, is
  *   destroyed, never released. The handler's error is never read for this.
- * - `committed` needs the same transaction (same transaction id, still open)
- *   seen right before COMMIT, and COMMIT answering `COMMIT`. postgres.js is
+ * - `committed` needs the transaction the fence was written in to be still
+ *   open right before COMMIT, and COMMIT answering `COMMIT`. On postgres.js,
  *   patched (patches/postgres@3.4.9.patch) so that a reservation whose socket
  *   closed refuses every later query instead of running it on a reconnected
- *   session.
+ *   session, "still open" is the transaction status of the socket's last
+ *   ReadyForQuery; on other drivers, the same transaction id before COMMIT.
  * - a job that has a `pending_review` dead letter is never committed: the
  *   dead-letter decision holds the fence key while it writes the letter
- *   (`decideDeadLetter`), and the work transaction looks for a pending letter
- *   after its own work, right before COMMIT.
+ *   (`decideDeadLetter`), and a deferred constraint trigger on the fence
+ *   (migration 0005) refuses the COMMIT of a job whose letter is pending.
  */
 import { is, sql } from "drizzle-orm";
 import type { PgDialect } from "drizzle-orm/pg-core";
@@ -40,7 +41,8 @@ export interface FenceTarget {
   /**
    * Bound on the handler's run, in ms: the work gets an AbortSignal that fires
    * then, the transaction is abandoned and its connection destroyed; the same
-   * bound is set on the server (`statement_timeout`, `idle_in_transaction_session_timeout`).
+   * bound is set on the server as the transaction's `statement_timeout` (a
+   * backend stuck in a statement does not see its socket close).
    */
   readonly timeoutMs?: number;
 }
@@ -58,7 +60,8 @@ export type WorkOutcome =
 
 export type RunInWorkTransaction = (
   target: FenceTarget,
-  work: (tx: WorkTransaction, signal: AbortSignal) => Promise<void>,
+  /** `signal()` gives the run's AbortSignal (made on first call). */
+  work: (tx: WorkTransaction, signal: () => AbortSignal) => Promise<void>,
 ) => Promise<WorkOutcome>;
 
 export interface WorkTransactionOptions {
@@ -102,38 +105,29 @@ export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOp
 
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
 /**
- * The fence, the server-side time bounds for the rest of the transaction, and
- * the transaction id the commit check compares against.
+ * The fence; a new one also sets the server-side time bound for the rest of
+ * the transaction (RETURNING runs only for an inserted row). One row: new.
  */
-const FENCE_SQL = `with fence as (
-  insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing returning 1
-)
-select (select count(*)::int from fence) as inserted, txid_current()::text as xid,
-  set_config('statement_timeout', $3, true) as st, set_config('idle_in_transaction_session_timeout', $3, true) as it`;
+const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing
+  returning set_config('statement_timeout', $3, true) as st`;
+
 /**
- * Right before COMMIT, pipelined with it: still the same open transaction?
- * And when a dead letter for the job is pending, the statement fails on
- * purpose (22012: a division by zero that depends on the row, so the planner
- * cannot fold it, done outside the locked subquery, so it sees the row as the
- * lock left it), which aborts the
- * transaction, so the COMMIT already on its way answers ROLLBACK. FOR SHARE
- * waits for a replay that is changing the letter's status right now (it
- * publishes before it commits) and then reads the status it committed.
+ * The SQLSTATE of the deferred constraint trigger on `core.processed_jobs`
+ * (migration 0005): at COMMIT, a fence whose job has a `pending_review`
+ * dead letter fails the commit, with "<letter id> <error class>" as detail.
  */
-const CHECK_SQL = `select txid_current_if_assigned()::text as xid,
-  1 / (select attempts * 0 from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1 for share) as no_letter`;
-const PENDING_LETTER_FAILS = "22012";
-const LETTER_SQL =
-  "select id::text as letter_id, error_class as letter_class from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1";
+const PENDING_LETTER = "SC001";
 
 interface FenceRow {
   inserted: number;
-  xid: string;
 }
-interface CheckRow {
-  xid: string | null;
-  letter_id: string | null;
-  letter_class: string | null;
+
+/** The letter a commit was refused for, from the trigger's error; undefined for any other error. */
+function pendingLetterOf(error: unknown): WorkOutcome | undefined {
+  const e = error as { code?: unknown; detail?: unknown; cause?: unknown } | undefined;
+  if (e?.code !== PENDING_LETTER) return e?.cause === undefined ? undefined : pendingLetterOf(e.cause);
+  const [deadLetterId, errorClass] = typeof e.detail === "string" ? e.detail.split(" ") : [];
+  return { status: "dead_lettered", deadLetterId: deadLetterId ?? "unknown", errorClass: errorClass ?? "unknown" };
 }
 
 /** Milliseconds as a Postgres duration setting; at least 1 ms (0 would mean "no limit"). */
@@ -141,40 +135,30 @@ function serverTimeout(timeoutMs: number): string {
   return `${Math.max(1, Math.ceil(timeoutMs))}ms`;
 }
 
-/** Judges the commit check: same transaction still open, no pending letter. */
-function judgeCheck(check: CheckRow | undefined, xid: string): WorkOutcome | "commit" {
-  if (!check) throw new UnprovenCommitError("the check before COMMIT returned no row");
-  if (check.xid !== xid) {
-    throw new UnprovenCommitError(
-      check.xid === null
-        ? "no transaction was open on the connection before COMMIT (the handler ended it, or the session changed)"
-        : "another transaction was open on the connection before COMMIT (the handler ended ours, or the session changed)",
-    );
-  }
-  if (check.letter_id !== null) {
-    return { status: "dead_lettered", deadLetterId: check.letter_id, errorClass: check.letter_class ?? "unknown" };
-  }
-  return "commit";
-}
-
 /** Runs `work` with an AbortSignal that fires after `timeoutMs`; rejects with HandlerTimeoutError then. */
 async function bounded(
   timeoutMs: number,
-  work: (signal: AbortSignal) => Promise<void>,
+  work: (signal: () => AbortSignal) => Promise<void>,
   onTimeout: () => void,
 ): Promise<void> {
-  const controller = new AbortController();
+  // Made on first use: most handlers never read their signal, and this runs per job.
+  let controller: AbortController | undefined;
+  const controlled = () => {
+    controller ??= new AbortController();
+    return controller;
+  };
+  const signal = () => controlled().signal;
   let timer: NodeJS.Timeout | undefined;
   const timedOut = new Promise<never>((_, reject) => {
     timer = setTimeout(() => {
       const error = new HandlerTimeoutError(timeoutMs);
-      controller.abort(error);
+      controlled().abort(error);
       onTimeout();
       reject(error);
     }, timeoutMs);
   });
   try {
-    await Promise.race([work(controller.signal), timedOut]);
+    await Promise.race([work(signal), timedOut]);
   } finally {
     clearTimeout(timer);
   }
@@ -183,7 +167,6 @@ async function bounded(
 function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
   return async (target, work) => {
     let started = false;
-    let letter: WorkOutcome | undefined;
     try {
       return await db.transaction(async (tx) => {
         if (target.lockKey !== undefined) {
@@ -192,43 +175,37 @@ function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
         // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
         // and then sees the conflict: two parallel deliveries give one effect.
         const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
-        const [fence] = rowsOf<FenceRow>(
+        const [fence] = rowsOf<FenceRow & { xid: string }>(
           await tx.execute(sql`with fence as (
   insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing returning 1
 )
 select (select count(*)::int from fence) as inserted, txid_current()::text as xid,
-  set_config('statement_timeout', ${timeout}, true) as st, set_config('idle_in_transaction_session_timeout', ${timeout}, true) as it`),
+  set_config('statement_timeout', ${timeout}, true) as st`),
         );
         if (!fence || fence.inserted === 0) return { status: "duplicate" } as const;
         started = true;
         await bounded(target.timeoutMs ?? DEFAULT_TIMEOUT_MS, (signal) => work(tx, signal), noop);
-        // Also raises on an aborted transaction (25P02): if the handler caught
-        // the error of a failed statement, the job is retried rather than
-        // acknowledged with nothing done.
-        const [check] = rowsOf<CheckRow>(
-          await tx.execute(sql`select txid_current_if_assigned()::text as xid, l.id::text as letter_id, l.error_class as letter_class
-  from (select 1) as one left join lateral (
-    select id, error_class from core.dead_letters
-    where job_id = ${target.jobId} and consumer = ${target.consumer} and status = 'pending_review' limit 1 for share
-  ) as l on true`),
+        // Still the transaction the fence was written in (the handler did not
+        // end it). Also raises on an aborted transaction (25P02): if the
+        // handler caught the error of a failed statement, the job is retried
+        // rather than acknowledged with nothing done.
+        const [check] = rowsOf<{ xid: string | null }>(
+          await tx.execute(sql`select txid_current_if_assigned()::text as xid`),
         );
-        const verdict = judgeCheck(check, fence.xid);
-        if (verdict !== "commit") {
-          // The job belongs to its dead letter: roll back the work.
-          letter = verdict;
-          throw ROLL_BACK;
+        if (check?.xid !== fence.xid) {
+          throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
         }
         return { status: "committed" } as const;
       });
     } catch (error) {
-      if (error === ROLL_BACK && letter) return letter;
+      const letter = pendingLetterOf(error);
+      if (letter) return letter;
       if (!started) throw new WorkNotStartedError(error);
       throw error;
     }
   };
 }
 
-const ROLL_BACK = new Error("rolled back: the job has a pending dead letter");
 const noop = () => {};
 
 /** Rows of a `tx.execute` result, whichever driver made it (postgres.js: an array; node-postgres/PGlite: `.rows`). */
@@ -249,6 +226,11 @@ interface ReservedClient {
   release(): void;
   /** From patches/postgres@3.4.9.patch: destroys the connection (its socket), failing every query in flight. */
   terminate?: () => void;
+  /**
+   * From patches/postgres@3.4.9.patch: the transaction status of the last
+   * ReadyForQuery ('I', 'T' or 'E'), null once the reservation's socket closed.
+   */
+  transactionStatus?: () => string | null;
 }
 
 /** Drizzle's internals this path needs: present on every PgDatabase at run time, not in its public types. */
@@ -274,6 +256,7 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
   // The relational config ({ fullSchema, schema, tableNamesMap }) that makes `tx.query.*` work.
   const schema = session.schema;
   const { dialect } = internals;
+  const generic = viaDrizzleTransaction(db);
   const Session = (prepare ? PreparedPostgresJsSession : PostgresJsSession) as unknown as new (
     ...args: AnyArgs
   ) => PostgresJsSession<never, never, never>;
@@ -282,7 +265,6 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
   async function send(
     conn: ReservedClient,
     statements: readonly (readonly [string, (readonly unknown[])?])[],
-    endsTransaction = false,
   ): Promise<PromiseSettledResult<Rows>[]> {
     if (pipeline) {
       return Promise.allSettled(
@@ -294,9 +276,8 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
     const settled: PromiseSettledResult<Rows>[] = [];
     for (const [text, params] of statements) {
       // After a failure the rest would only fail too ("transaction is aborted"),
-      // or worse run outside the transaction; only a closing COMMIT still goes.
-      const closing = endsTransaction && settled.length === statements.length - 1;
-      if (!closing && settled.some((s) => s.status === "rejected")) {
+      // or worse run outside the transaction.
+      if (settled.some((s) => s.status === "rejected")) {
         settled.push({ status: "rejected", reason: new Error("not sent: an earlier statement failed") });
         continue;
       }
@@ -342,24 +323,31 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
     } catch (error) {
       throw new WorkNotStartedError(error);
     }
+    if (typeof conn.transactionStatus !== "function" || typeof conn.terminate !== "function") {
+      // postgres.js without patches/postgres@3.4.9.patch: a reservation cannot
+      // tell a reconnected session from its own, so take the slower path,
+      // which checks the transaction id before COMMIT.
+      conn.release();
+      return generic(target, work);
+    }
     let state: "idle" | "rollback" | "destroy" = "rollback";
     try {
-      let fenceRow: FenceRow | undefined;
+      let inserted: boolean;
       try {
         const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
         const settled = await send(conn, [
-          ["begin"],
+          ["begin", []],
           ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
           [FENCE_SQL, [target.jobId, target.consumer, timeout]],
         ]);
         for (const s of settled) if (s.status === "rejected") throw s.reason;
         const last = settled[settled.length - 1];
-        fenceRow = (last?.status === "fulfilled" ? last.value[0] : undefined) as FenceRow | undefined;
-        if (!fenceRow) throw new Error("the fence insert returned no row");
+        if (last?.status !== "fulfilled") throw new Error("the fence insert did not answer");
+        inserted = last.value.length > 0;
       } catch (error) {
         throw new WorkNotStartedError(error);
       }
-      if (fenceRow.inserted === 0) {
+      if (!inserted) {
         // Duplicate: nothing was written; COMMIT would do as well as ROLLBACK.
         return { status: "duplicate" };
       }
@@ -377,39 +365,39 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
         },
       );
 
-      const [checked, committed] = await send(conn, [[CHECK_SQL, [target.jobId, target.consumer]], ["commit"]], true);
-      if (committed?.status === "rejected") {
+      // The transaction the fence was written in is still open on this
+      // socket: the patched reservation refuses to send once its socket
+      // closed (no reconnected session), and the last ReadyForQuery says
+      // 'T' (the handler did not end it with its own COMMIT or ROLLBACK).
+      const status = conn.transactionStatus?.() ?? null;
+      if (status !== "T" && status !== "E") {
+        state = status === "I" ? "idle" : "destroy";
+        throw new UnprovenCommitError(
+          status === "I"
+            ? "the handler ended the work transaction itself (COMMIT or ROLLBACK through tx)"
+            : "the connection closed while the handler ran",
+        );
+      }
+      let committed: Rows;
+      try {
+        committed = await conn.unsafe("commit", [], { prepare });
+      } catch (error) {
+        const letter = pendingLetterOf(error);
+        if (letter) {
+          // A concurrent delivery dead-lettered the job: the commit was refused, nothing is left open.
+          state = "idle";
+          return letter;
+        }
         // A lost COMMIT reply: the job may or may not have committed. Not a
         // success; the retry finds the fence if it did.
         state = "destroy";
-        throw committed.reason;
-      }
-      if (checked?.status === "rejected") {
-        // The transaction was aborted by the failed check; COMMIT ended it.
-        state = "idle";
-        if ((checked.reason as { code?: unknown })?.code === PENDING_LETTER_FAILS) {
-          const [found] = (await conn.unsafe(LETTER_SQL, [target.jobId, target.consumer])) as unknown as CheckRow[];
-          if (found?.letter_id) {
-            return {
-              status: "dead_lettered",
-              deadLetterId: found.letter_id,
-              errorClass: found.letter_class ?? "unknown",
-            };
-          }
-        }
-        throw checked.reason;
-      }
-      const check = (checked?.value as unknown as CheckRow[] | undefined)?.[0];
-      if (check?.xid !== fenceRow.xid) {
-        // COMMIT went to no transaction or to one that is not ours.
-        state = "destroy";
-        judgeCheck(check, fenceRow.xid);
+        throw error;
       }
       state = "idle";
       // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
       // error: a statement failed and the handler caught its error. Nothing
       // was written, so the job must not be acknowledged as done.
-      if ((committed?.value as Rows | undefined)?.command !== "COMMIT") {
+      if (committed.command !== "COMMIT") {
         throw new Error(
           "the work transaction was rolled back: a statement failed inside it and the handler caught its error",
         );
@@ -439,7 +427,7 @@ function destroy(conn: ReservedClient): void {
  * conflict means the job committed (a duplicate); otherwise `write` runs in
  * the same transaction, holding the key, and the probe row is removed before
  * commit, so no fence is left. A work transaction that was waiting on the key
- * then finds the letter in its check before COMMIT and rolls back.
+ * then has its COMMIT refused by the fence's trigger (the letter is pending).
  */
 export async function decideDeadLetter<T>(
   db: AnyPgDatabase,
