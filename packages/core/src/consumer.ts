@@ -345,7 +345,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         });
       }
       // 4. The transaction rolled back: no fence, no effect.
-      const failure = classifyFailure(thrown);
+      const failure = classifySafely(thrown);
       if (failure.failureClass === "rate_limited") {
         // Grows with the job's deferrals so far (capped, jittered); a
         // provider's Retry-After is honoured, but never below a 1 s floor.
@@ -736,6 +736,15 @@ function decodeBody(body: unknown): ReceivedPayload {
 }
 
 /** SHA-256 (hex) of the payload's bytes: the same message, whichever copy of it this is. */
+/** `classifyFailure`, and a transient failure for a thrown value that throws when read (hostile getters). */
+function classifySafely(thrown: unknown): ReturnType<typeof classifyFailure> {
+  try {
+    return classifyFailure(thrown);
+  } catch {
+    return { failureClass: "transient", message: "the handler threw a value that cannot be read" };
+  }
+}
+
 /**
  * Synchronous parse (most schemas), and the async one only for a schema with
  * an async refinement or transform, which Zod refuses to run synchronously.

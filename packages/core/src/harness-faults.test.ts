@@ -4,8 +4,11 @@
  * fault made for real (a backend terminated by the server, a handler stuck in
  * the database or in JavaScript, two deliveries of one job racing).
  */
+import { createServer } from "node:net";
 import { sql as dsql } from "drizzle-orm";
+import { drizzle as drizzleNodePg } from "drizzle-orm/node-postgres";
 import { drizzle } from "drizzle-orm/postgres-js";
+import pgDriver from "pg";
 import postgres from "postgres";
 import { afterAll, describe, expect, test } from "vitest";
 import { z } from "zod";
@@ -14,6 +17,7 @@ import { createMemoryQueue } from "./adapters/memory/index.ts";
 import { createManualClock } from "./clock.ts";
 import { bindConsumer, type ConsumerDefinition, defineConsumer } from "./consumer.ts";
 import { createEnvelope, type Envelope } from "./envelope.ts";
+import { PermanentError } from "./errors.ts";
 
 const pg = useEffectsDatabase("harness-faults");
 
@@ -294,6 +298,146 @@ describe("every handler run is bounded in time (#8 item 12)", () => {
   test("defineConsumer refuses a timeoutMs that is not a positive number of milliseconds", () => {
     for (const timeoutMs of [0, -1, Number.NaN, Number.POSITIVE_INFINITY]) {
       expect(() => consumer(async () => {}, { timeoutMs })).toThrow(/timeoutMs must be/);
+    }
+  });
+});
+
+describe("review findings on the work transaction (#8 items 1, 3, 12)", () => {
+  test("a handler branch that writes after another branch threw writes nothing: the run is over before ROLLBACK goes out", async () => {
+    const db = pool(1);
+    const e = job(5);
+    let release!: () => void;
+    const late = new Promise<void>((r) => {
+      release = r;
+    });
+    let lateWrite: Promise<unknown> | undefined;
+    const c = bindConsumer(
+      consumer(async (data, { tx, envelope, attempt }) => {
+        if (attempt > 1) {
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          return;
+        }
+        await Promise.all([
+          (async () => {
+            await late;
+            lateWrite = tx
+              .insert(effects)
+              .values({ jobId: envelope.job_id, consumer: "late", amount: data.n })
+              .catch((error: unknown) => error);
+          })(),
+          (async () => {
+            await tx.execute(dsql`select 1`);
+            setTimeout(release, 0); // the other branch resumes while the harness rolls back
+            throw new Error("provider answered 503");
+          })(),
+        ]);
+      }),
+      { db, logger: silentLogger },
+    );
+    expect(await c.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "retry" });
+    await new Promise((r) => setTimeout(r, 50));
+    expect(await lateWrite).toMatchObject({ cause: { name: "WorkTransactionOverError" } });
+    expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+    expect(await c.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "success" });
+    expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+  });
+
+  test("on node-postgres (the Drizzle-transaction path), a handler that writes through tx after its timeout is refused and nothing lands in the next job", async () => {
+    const nodePool = new pgDriver.Pool({ connectionString: pg.url, max: 1 });
+    nodePool.on("error", () => {}); // an idle client the server dropped: the pool replaces it
+    try {
+      const db = drizzleNodePg({ client: nodePool });
+      let lateWrite: Promise<unknown> | undefined;
+      const c = bindConsumer(
+        consumer(
+          async (data, { tx, envelope }) => {
+            if (data.n !== 6) {
+              await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+              return;
+            }
+            await new Promise((r) => setTimeout(r, 600));
+            lateWrite = Promise.resolve()
+              .then(() => tx.insert(effects).values({ jobId: envelope.job_id, consumer: "late", amount: data.n }))
+              .catch((error: unknown) => error);
+          },
+          { timeoutMs: 200 },
+        ),
+        { db, logger: silentLogger },
+      );
+      const slow = job(6);
+      const next = job(7);
+      expect(await c.deliver({ body: body(slow), deliveryCount: 1 })).toMatchObject({ outcome: "retry" });
+      const nextRun = c.deliver({ body: body(next), deliveryCount: 1 });
+      await new Promise((r) => setTimeout(r, 700));
+      expect(await nextRun).toMatchObject({ outcome: "success" });
+      expect(await lateWrite).toMatchObject({ name: "WorkTransactionOverError" });
+      expect(await stateOf(slow.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+      expect(await stateOf(next.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    } finally {
+      await nodePool.end();
+    }
+  });
+
+  test("the work transaction bounds itself on the server too: statement and idle-in-transaction timeouts follow the handler's timeoutMs", async () => {
+    let seen: unknown;
+    const c = bindConsumer(
+      consumer(
+        async (_data, { tx }) => {
+          seen = await tx.execute(
+            dsql`select current_setting('statement_timeout') as st, current_setting('idle_in_transaction_session_timeout') as it`,
+          );
+        },
+        { timeoutMs: 4321 },
+      ),
+      { db: pool(1), logger: silentLogger },
+    );
+    expect(await c.deliver({ body: body(job(8)), deliveryCount: 1 })).toMatchObject({ outcome: "success" });
+    // A second above the harness's own bound: the server is the backstop for a frozen client.
+    expect(seen).toEqual([{ st: "5321ms", it: "5321ms" }]);
+  });
+
+  test("a copy of a job whose dead letter is pending does not run its handler (its outside effects would happen for a job waiting for review)", async () => {
+    let runs = 0;
+    const c = bindConsumer(
+      consumer(async () => {
+        runs += 1;
+        throw new PermanentError("rejected by the partner");
+      }),
+      { db: pool(1), logger: silentLogger },
+    );
+    const e = job(9);
+    expect(await c.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "dead_lettered" });
+    const copy = await c.deliver({ body: body(e), deliveryCount: 2 });
+    expect(copy).toMatchObject({ outcome: "dead_lettered", errorClass: "permanent" });
+    expect(runs).toBe(1);
+    expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+  });
+
+  test("an endpoint that accepts and hangs up at once defers the delivery within its timeout, without a reconnect storm", async () => {
+    let connects = 0;
+    const server = createServer((socket) => {
+      connects += 1;
+      socket.destroy();
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const port = (server.address() as { port: number }).port;
+    const client = postgres(`postgres://postgres@127.0.0.1:${port}/none`, {
+      max: 1,
+      connect_timeout: 2,
+      onnotice: () => {},
+    });
+    try {
+      const c = bindConsumer(
+        consumer(async () => {}, { timeoutMs: 800 }),
+        { db: drizzle({ client }), logger: silentLogger },
+      );
+      const result = await c.deliver({ body: body(job(10)), deliveryCount: 1 });
+      expect(result).toMatchObject({ outcome: "deferred", spendsAttempt: false });
+      await new Promise((r) => setTimeout(r, 500));
+      expect(connects).toBeLessThan(30);
+    } finally {
+      await client.end({ timeout: 0 }).catch(() => {});
+      await new Promise((r) => server.close(r));
     }
   });
 });

@@ -105,11 +105,24 @@ export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOp
 
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
 /**
- * The fence; a new one also sets the server-side time bound for the rest of
- * the transaction (RETURNING runs only for an inserted row). One row: new.
+ * The fence, written only when the job has no pending dead letter (its
+ * handler must not run: its outside effects would happen for a job waiting
+ * for review; FOR SHARE waits for a replay that is changing the letter's
+ * status right now — it publishes before it commits — and reads the status
+ * it committed). A new fence also sets the server-side bounds for the rest of
+ * the transaction (RETURNING runs only for an inserted row): a statement that
+ * runs too long, and a transaction left idle by a frozen client, which would
+ * otherwise hold the fence key, and every redelivery waiting on it, forever.
+ * One row: new.
  */
-const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing
-  returning set_config('statement_timeout', $3, true) as st`;
+const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer)
+  select $1::uuid, $2::text
+  where not exists (select 1 from core.dead_letters where job_id = $1::text and consumer = $2::text and status = 'pending_review' for share)
+  on conflict do nothing
+  returning set_config('statement_timeout', $3, true) as st, set_config('idle_in_transaction_session_timeout', $3, true) as it`;
+/** Why a fence was not written: a pending letter (else the fence exists: a duplicate). */
+const LETTER_SQL =
+  "select id::text || ' ' || error_class as detail from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1";
 
 /**
  * The SQLSTATE of the deferred constraint trigger on `core.processed_jobs`
@@ -126,14 +139,35 @@ interface FenceRow {
 function pendingLetterOf(error: unknown): WorkOutcome | undefined {
   const e = error as { code?: unknown; detail?: unknown; cause?: unknown } | undefined;
   if (e?.code !== PENDING_LETTER) return e?.cause === undefined ? undefined : pendingLetterOf(e.cause);
-  const [deadLetterId, errorClass] = typeof e.detail === "string" ? e.detail.split(" ") : [];
+  return letterOutcome(typeof e.detail === "string" ? e.detail : "");
+}
+
+/** The outcome of a letter found by LETTER_SQL, or by the trigger (detail "<id> <class>"). */
+function letterOutcome(detail: string): WorkOutcome {
+  const [deadLetterId, errorClass] = detail.split(" ");
   return { status: "dead_lettered", deadLetterId: deadLetterId ?? "unknown", errorClass: errorClass ?? "unknown" };
 }
 
-/** Milliseconds as a Postgres duration setting; at least 1 ms (0 would mean "no limit"). */
-function serverTimeout(timeoutMs: number): string {
-  return `${Math.max(1, Math.ceil(timeoutMs))}ms`;
+/** Thrown at a handler that sends a query after its run ended (timed out, failed, or finished). */
+export class WorkTransactionOverError extends Error {
+  constructor() {
+    super(
+      "the work transaction is over (the handler finished, failed or timed out): nothing more can run in it; await every query before returning",
+    );
+    this.name = "WorkTransactionOverError";
+  }
 }
+
+/**
+ * The server-side bound of a run with this `timeoutMs`, as a Postgres
+ * duration: a second later than the harness's own, so that normally the
+ * harness aborts the run and rolls back on a live session; the server's
+ * bound is the backstop for a client that is frozen or cut off.
+ */
+function serverTimeout(timeoutMs: number): string {
+  return `${Math.ceil(timeoutMs) + SERVER_GRACE_MS}ms`;
+}
+const SERVER_GRACE_MS = 1_000;
 
 /** Runs `work` with an AbortSignal that fires after `timeoutMs`; rejects with HandlerTimeoutError then. */
 async function bounded(
@@ -177,14 +211,40 @@ function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
         const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
         const [fence] = rowsOf<FenceRow & { xid: string }>(
           await tx.execute(sql`with fence as (
-  insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing returning 1
+  insert into core.processed_jobs (job_id, consumer)
+  select ${target.jobId}::uuid, ${target.consumer}::text
+  where not exists (select 1 from core.dead_letters where job_id = ${target.jobId}::text and consumer = ${target.consumer}::text and status = 'pending_review' for share)
+  on conflict do nothing returning 1
 )
 select (select count(*)::int from fence) as inserted, txid_current()::text as xid,
-  set_config('statement_timeout', ${timeout}, true) as st`),
+  set_config('statement_timeout', ${timeout}, true) as st, set_config('idle_in_transaction_session_timeout', ${timeout}, true) as it`),
         );
-        if (!fence || fence.inserted === 0) return { status: "duplicate" } as const;
+        if (!fence || fence.inserted === 0) {
+          const [letter] = rowsOf<{ detail: string }>(
+            await tx.execute(
+              sql`select id::text || ' ' || error_class as detail from core.dead_letters where job_id = ${target.jobId} and consumer = ${target.consumer} and status = 'pending_review' limit 1`,
+            ),
+          );
+          return letter ? letterOutcome(letter.detail) : ({ status: "duplicate" } as const);
+        }
         started = true;
-        await bounded(target.timeoutMs ?? DEFAULT_TIMEOUT_MS, (signal) => work(tx, signal), noop);
+        // The handler gets a view of tx that refuses every call once its run
+        // is over, so a handler still running after its timeout cannot write
+        // into whatever the connection does next. (Query builders it made
+        // before the end and runs after it are not covered on this path.)
+        let over = false;
+        const view = new Proxy(tx, {
+          get(target, property, receiver) {
+            if (over) throw new WorkTransactionOverError();
+            const value = Reflect.get(target, property, receiver);
+            return typeof value === "function" ? value.bind(target) : value;
+          },
+        });
+        try {
+          await bounded(target.timeoutMs ?? DEFAULT_TIMEOUT_MS, (signal) => work(view, signal), noop);
+        } finally {
+          over = true;
+        }
         // Still the transaction the fence was written in (the handler did not
         // end it). Also raises on an aborted transaction (25P02): if the
         // handler caught the error of a failed statement, the job is retried
@@ -316,25 +376,29 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
     else conn.release();
   }
 
+  let warnedUnpatched = false;
+
   return async (target, work) => {
-    let conn: ReservedClient;
-    try {
-      conn = await client.reserve();
-    } catch (error) {
-      throw new WorkNotStartedError(error);
-    }
+    const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const conn = await reserveWithin(client, timeoutMs);
     if (typeof conn.transactionStatus !== "function" || typeof conn.terminate !== "function") {
       // postgres.js without patches/postgres@3.4.9.patch: a reservation cannot
       // tell a reconnected session from its own, so take the slower path,
       // which checks the transaction id before COMMIT.
       conn.release();
+      if (!warnedUnpatched) {
+        warnedUnpatched = true;
+        process.emitWarning(
+          "@softcrum/core: postgres.js is not patched (patches/postgres@3.4.9.patch); the work transaction runs through db.transaction(), slower and exposed to porsager/postgres #1208",
+        );
+      }
       return generic(target, work);
     }
     let state: "idle" | "rollback" | "destroy" = "rollback";
     try {
       let inserted: boolean;
       try {
-        const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+        const timeout = serverTimeout(timeoutMs);
         const settled = await send(conn, [
           ["begin", []],
           ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
@@ -348,22 +412,36 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
         throw new WorkNotStartedError(error);
       }
       if (!inserted) {
-        // Duplicate: nothing was written; COMMIT would do as well as ROLLBACK.
-        return { status: "duplicate" };
+        // Nothing was written: a duplicate, or a job whose letter is pending.
+        const [letter] = (await conn.unsafe(LETTER_SQL, [target.jobId, target.consumer], { prepare })) as unknown as {
+          detail: string;
+        }[];
+        return letter ? letterOutcome(letter.detail) : { status: "duplicate" };
       }
 
-      const txSession = new Session(sessionClient(conn), dialect, schema, sessionOptions);
+      // The handler's queries go through a gate that closes when its run is
+      // over, before the harness sends COMMIT or ROLLBACK: a query it sends
+      // later (a branch still running after another threw, a run past its
+      // timeout) is refused, never run after our COMMIT/ROLLBACK outside the
+      // transaction.
+      const gate = { over: false };
+      const txSession = new Session(sessionClient(conn, gate), dialect, schema, sessionOptions);
       const tx = new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction;
-      await bounded(
-        target.timeoutMs ?? DEFAULT_TIMEOUT_MS,
-        (signal) => work(tx, signal),
-        () => {
-          // The handler may still be running and sending on this connection:
-          // destroy it now, so nothing it sends later can run anywhere.
-          state = "destroy";
-          destroy(conn);
-        },
-      );
+      try {
+        await bounded(
+          timeoutMs,
+          (signal) => work(tx, signal),
+          () => {
+            // The handler may still be running and sending on this connection:
+            // destroy it now, so nothing it sends later can run anywhere.
+            gate.over = true;
+            state = "destroy";
+            destroy(conn);
+          },
+        );
+      } finally {
+        gate.over = true;
+      }
 
       // The transaction the fence was written in is still open on this
       // socket: the patched reservation refuses to send once its socket
@@ -380,7 +458,7 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
       }
       let committed: Rows;
       try {
-        committed = await conn.unsafe("commit", [], { prepare });
+        committed = await answeredWithin(conn.unsafe("commit", [], { prepare }), timeoutMs, "COMMIT");
       } catch (error) {
         const letter = pendingLetterOf(error);
         if (letter) {
@@ -407,6 +485,48 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
       await finish(conn, state);
     }
   };
+}
+
+/**
+ * A connection from the pool within `ms`, else WorkNotStartedError (the
+ * delivery is deferred). A reservation that arrives after we gave up goes
+ * straight back to the pool.
+ */
+async function reserveWithin(client: PgClient, ms: number): Promise<ReservedClient> {
+  let timer: NodeJS.Timeout | undefined;
+  let gaveUp = false;
+  const reserving = client.reserve();
+  try {
+    return await Promise.race([
+      reserving,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => {
+          gaveUp = true;
+          reject(new Error(`no database connection within ${ms} ms`));
+        }, ms);
+      }),
+    ]);
+  } catch (error) {
+    if (gaveUp) reserving.then((late) => late.release(), noop);
+    throw new WorkNotStartedError(error);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The answer to `query` within `ms`, else an UnprovenCommitError (the caller destroys the connection). */
+async function answeredWithin<T>(query: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      query,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new UnprovenCommitError(`no answer to ${what} within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function destroy(conn: ReservedClient): void {
@@ -474,12 +594,18 @@ interface SessionClient {
   savepoint<T>(fn: (inner: SessionClient) => Promise<T>): Promise<T>;
 }
 
-function sessionClient(conn: ReservedClient): SessionClient {
+function sessionClient(conn: ReservedClient, gate: { readonly over: boolean }): SessionClient {
   let depth = 0;
   const client: SessionClient = {
-    // Passed through untouched: Drizzle calls .values() on the query before it runs.
-    unsafe: conn.unsafe,
+    // Returns postgres.js's own pending query: Drizzle calls .values() on it
+    // before it runs. Drizzle calls this inside async functions, so the
+    // refusal reaches the handler as a rejected query.
+    unsafe(query, params, options) {
+      if (gate.over) throw new WorkTransactionOverError();
+      return conn.unsafe(query, params, options);
+    },
     async savepoint(fn) {
+      if (gate.over) throw new WorkTransactionOverError();
       depth += 1;
       const name = `softcrum_sp_${depth}`;
       await conn.unsafe(`savepoint ${name}`);
