@@ -1,6 +1,8 @@
 import { createEnvelope, InvalidConfigError } from "@softcrum/core";
 import { toVercelTopic } from "@softcrum/core/adapters/vercel";
-import { useTestDatabase } from "@softcrum/testing";
+import { NotMigratedError } from "@softcrum/core/migrate";
+import { uniqueDatabaseName, useTestDatabase, withDatabase } from "@softcrum/testing";
+import postgres from "postgres";
 import { afterEach, describe, expect, test } from "vitest";
 import { startFakeVercelQueues } from "../../../packages/core/test/fake-vercel-queues.ts";
 import { AWARD_POINTS_QUEUE, type PartnerNotifier } from "./award-points.ts";
@@ -77,5 +79,28 @@ describe("the composition root", () => {
     await expect(createLoyaltyModule({ databaseUrl: pg.url, notifier: accepting })).rejects.toBeInstanceOf(
       InvalidConfigError,
     );
+  });
+
+  test("with DATABASE_URL on a database not yet migrated, the module refuses to start, says to run `pnpm db:migrate` and migrates nothing (#9 item 4)", async () => {
+    const name = uniqueDatabaseName("softcrum_t", "loyalty_unmigrated");
+    await pg.sql`create database ${pg.sql(name)}`;
+    try {
+      const url = withDatabase(pg.url, name);
+      const refused = await createLoyaltyModule({ databaseUrl: url, notifier: accepting, logger: quiet }).catch(
+        (error: unknown) => error,
+      );
+      expect(refused).toBeInstanceOf(NotMigratedError);
+      expect((refused as Error).message).toMatch(/not migrated .* run `DATABASE_URL=… pnpm db:migrate`/);
+      // Nothing was created there.
+      const other = postgres(url, { max: 1, onnotice: () => {} });
+      try {
+        const schemas = await other`select nspname from pg_namespace where nspname in ('core', 'loyalty', 'drizzle')`;
+        expect(schemas).toEqual([]);
+      } finally {
+        await other.end({ timeout: 5 });
+      }
+    } finally {
+      await pg.sql`drop database if exists ${pg.sql(name)} with (force)`;
+    }
   });
 });

@@ -1,8 +1,11 @@
 /**
  * The loyalty module's composition root: the one place that decides which
  * database, queue adapter, alerts and metrics the module runs with.
- * - DATABASE_URL set: real Postgres through postgres.js;
- * - otherwise: an embedded Postgres (PGlite), so the module runs with no server.
+ * - DATABASE_URL set: real Postgres through postgres.js. It must be migrated
+ *   already (`pnpm db:migrate`, a deploy step): a service never migrates at
+ *   start, it refuses to start (NotMigratedError) on a database behind its code;
+ * - otherwise: an embedded Postgres (PGlite), so the module runs with no
+ *   server; it is created empty, so it is migrated here.
  * - SOFTCRUM_QUEUE=vercel (production): Vercel Queues, configured from the
  *   environment Vercel sets (VERCEL_REGION, OIDC, VERCEL_DEPLOYMENT_ID); the
  *   consumer is served by a route file (`awardPointsRoute`) or a poll worker.
@@ -29,9 +32,9 @@ import type {
   VercelWorker,
   VercelWorkerOptions,
 } from "@softcrum/core/adapters/vercel";
-import { coreMigrationsFolder, coreMigrationsTable } from "@softcrum/core/migrate";
+import { assertMigrated, coreMigrations, migrate, postgresJsSession, queryRowsSession } from "@softcrum/core/migrate";
 import { type AwardPointsOptions, createAwardPointsConsumer } from "./award-points.ts";
-import { loyaltyMigrationsFolder, loyaltyMigrationsTable } from "./migrations.ts";
+import { loyaltyMigrations } from "./migrations.ts";
 
 export type LoyaltyTransport = "memory" | "vercel";
 
@@ -158,21 +161,26 @@ async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
 async function openPostgres(url: string) {
   const { default: postgres } = await import("postgres");
   const { drizzle } = await import("drizzle-orm/postgres-js");
-  const { migrate } = await import("drizzle-orm/postgres-js/migrator");
+  // Checked on a connection of its own, so the pool never sees a database behind the code.
+  const check = postgres(url, { max: 1, onnotice: () => {} });
+  try {
+    await assertMigrated(postgresJsSession(check), [coreMigrations, loyaltyMigrations]);
+  } finally {
+    await check.end();
+  }
   const client = postgres(url, { max: 10, onnotice: () => {} });
   const db = drizzle({ client });
-  await migrate(db, { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable });
-  await migrate(db, { migrationsFolder: loyaltyMigrationsFolder, ...loyaltyMigrationsTable });
   return { db: db as AnyPgDatabase, database: "postgres" as const, closeDb: () => client.end() };
 }
 
 async function openPglite() {
   const { PGlite } = await import("@electric-sql/pglite");
   const { drizzle } = await import("drizzle-orm/pglite");
-  const { migrate } = await import("drizzle-orm/pglite/migrator");
   const client = new PGlite();
+  // One process owns an embedded database: no lock to take.
+  const session = queryRowsSession(client);
+  await migrate(session, coreMigrations, { lock: false });
+  await migrate(session, loyaltyMigrations, { lock: false });
   const db = drizzle({ client });
-  await migrate(db, { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable });
-  await migrate(db, { migrationsFolder: loyaltyMigrationsFolder, ...loyaltyMigrationsTable });
   return { db: db as AnyPgDatabase, database: "pglite" as const, closeDb: () => client.close() };
 }

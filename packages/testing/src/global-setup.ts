@@ -12,7 +12,7 @@ export const PROVIDED_KEY = "softcrumPostgres";
  * A Vitest global setup: finds Postgres, creates a template database and runs
  * `migrate` on it once; every test file then copies it (see useTestDatabase).
  */
-export function createPostgresGlobalSetup(label: string, migrate: (databaseUrl: string) => Promise<void>) {
+export function createPostgresGlobalSetup(label: string, migrate: (databaseUrl: string) => Promise<unknown>) {
   return async function setup(project: TestProject) {
     const server = await findPostgres();
     const template = uniqueDatabaseName("softcrum_tpl", label);

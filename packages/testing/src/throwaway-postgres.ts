@@ -35,7 +35,7 @@ export interface ThrowawayPostgres {
 
 export interface ThrowawayPostgresOptions {
   /** Run against the new cluster's `postgres` database once it is up (e.g. the core migrations). */
-  readonly migrate?: (url: string) => Promise<void>;
+  readonly migrate?: (url: string) => Promise<unknown>;
   /** Extra `postgresql.conf` settings. */
   readonly settings?: Readonly<Record<string, string | number>>;
 }

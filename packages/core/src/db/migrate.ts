@@ -1,14 +1,33 @@
+/**
+ * Our own runner for drizzle-kit's migration folders (ADR 0008). It reads the
+ * same `meta/_journal.json` and SQL files as drizzle-orm's migrator and keeps
+ * the same bookkeeping table (a row per applied migration: the file's sha256
+ * and the journal's `when`), so a database migrated by drizzle's migrator
+ * carries on with this one. What it adds:
+ * - a session advisory lock around the whole run: concurrent runs (a deploy
+ *   step started twice, four processes at once) wait, then find nothing to do;
+ * - one transaction per migration, and none for a file that starts with
+ *   `-- softcrum-migrate: no-transaction`, so such a file can
+ *   `CREATE INDEX CONCURRENTLY` / `DROP INDEX CONCURRENTLY` (which refuse to
+ *   run in a transaction) without blocking live traffic.
+ * Migrations are a deploy step (`pnpm db:migrate`); services only check that
+ * the database is migrated (`assertMigrated`).
+ */
+import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 /**
  * The folder of @softcrum/core's generated SQL migrations (the repository's
- * top-level `drizzle/`), for drizzle-orm's migrator of whichever driver the
- * module uses: `migrate(db, { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable })`.
+ * top-level `drizzle/`): `migratePostgres(url, { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable })`.
  */
 export const coreMigrationsFolder = fileURLToPath(new URL("../../../../drizzle", import.meta.url));
 
-/** Drizzle's bookkeeping table for the core migrations (kept apart from each module's own). */
+/** The bookkeeping table for the core migrations (kept apart from each module's own). */
 export const coreMigrationsTable = { migrationsSchema: "drizzle", migrationsTable: "__softcrum_core_migrations" };
+
+/** The core's migration set, for `migrate`/`assertMigrated`. */
+export const coreMigrations: MigrationSet = { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable };
 
 export interface MigrationSet {
   readonly migrationsFolder: string;
@@ -16,26 +35,226 @@ export interface MigrationSet {
   readonly migrationsTable: string;
 }
 
-/** Applies one folder of Drizzle migrations to a Postgres database through postgres.js. Idempotent. */
-export async function migratePostgres(databaseUrl: string, set: MigrationSet): Promise<void> {
+/** First line of a migration that must run outside a transaction (CREATE/DROP INDEX CONCURRENTLY). */
+export const NO_TRANSACTION_MARKER = "-- softcrum-migrate: no-transaction";
+
+/**
+ * The session advisory lock every migration run holds (one key for every
+ * migration set of a database, so core and module migrations never interleave).
+ */
+export const MIGRATION_LOCK_KEY = 7_318_114_622_095_046_001n;
+
+export interface MigrationFile {
+  /** The journal's tag, e.g. `0002_fence_expiry_index`. */
+  readonly tag: string;
+  /** The journal's `when`: what the bookkeeping table records as `created_at`. */
+  readonly createdAt: number;
+  /** sha256 of the file, as drizzle records it. */
+  readonly hash: string;
+  readonly statements: readonly string[];
+  readonly transactional: boolean;
+}
+
+/** A migration folder as drizzle-kit wrote it, in journal order. */
+export function readMigrationFolder(folder: string): MigrationFile[] {
+  const journal = JSON.parse(readFileSync(`${folder}/meta/_journal.json`, "utf8")) as {
+    entries: { tag: string; when: number }[];
+  };
+  return journal.entries.map((entry) => {
+    const text = readFileSync(`${folder}/${entry.tag}.sql`, "utf8");
+    return {
+      tag: entry.tag,
+      createdAt: entry.when,
+      hash: createHash("sha256").update(text).digest("hex"),
+      statements: text.split("--> statement-breakpoint").filter((s) => s.trim() !== ""),
+      transactional: !text.trimStart().startsWith(NO_TRANSACTION_MARKER),
+    };
+  });
+}
+
+/**
+ * One database session (the same connection for every statement: the advisory
+ * lock belongs to it). `run` sends one statement without parameters.
+ */
+export interface MigrationSession {
+  run(statement: string): Promise<Record<string, unknown>[]>;
+}
+
+export interface MigrateOptions {
+  /** Take the advisory lock (off only for a single-process embedded database). @default true */
+  readonly lock?: boolean;
+  /** How often a run that waits for the lock tries again. @default 250 */
+  readonly lockPollMs?: number;
+}
+
+export interface MigrateReport {
+  /** Tags this run applied (empty when another run had already applied everything). */
+  readonly applied: string[];
+}
+
+const ident = (name: string) => `"${name.replaceAll('"', '""')}"`;
+const tableOf = (set: MigrationSet) => `${ident(set.migrationsSchema)}.${ident(set.migrationsTable)}`;
+
+/**
+ * Applies a migration set's pending migrations on `session`, under the
+ * migration lock. Idempotent; safe to run from several processes at once.
+ */
+export async function migrate(
+  session: MigrationSession,
+  set: MigrationSet,
+  options: MigrateOptions = {},
+): Promise<MigrateReport> {
+  const files = readMigrationFolder(set.migrationsFolder);
+  const lock = options.lock ?? true;
+  // Waiting with try-lock between short statements, never inside one: a
+  // session blocked in pg_advisory_lock() holds a snapshot, and the lock
+  // holder's CREATE INDEX CONCURRENTLY waits for every older snapshot to
+  // end — a deadlock (ADR 0008).
+  if (lock) await acquire(session, options.lockPollMs ?? 250);
+  try {
+    await session.run(`CREATE SCHEMA IF NOT EXISTS ${ident(set.migrationsSchema)}`);
+    await session.run(
+      `CREATE TABLE IF NOT EXISTS ${tableOf(set)} (id SERIAL PRIMARY KEY, hash text NOT NULL, created_at bigint)`,
+    );
+    const last = await lastApplied(session, set);
+    const applied: string[] = [];
+    for (const file of files) {
+      if (last !== null && file.createdAt <= last) continue;
+      const record = `INSERT INTO ${tableOf(set)} ("hash", "created_at") VALUES ('${file.hash}', ${file.createdAt})`;
+      if (file.transactional) {
+        await session.run("BEGIN");
+        try {
+          for (const statement of file.statements) await session.run(statement);
+          await session.run(record);
+          await session.run("COMMIT");
+        } catch (error) {
+          await session.run("ROLLBACK").catch(() => {});
+          throw migrationError(file, error);
+        }
+      } else {
+        try {
+          for (const statement of file.statements) {
+            await dropInvalidIndexBefore(session, statement);
+            await session.run(statement);
+          }
+          await session.run(record);
+        } catch (error) {
+          throw migrationError(file, error);
+        }
+      }
+      applied.push(file.tag);
+    }
+    return { applied };
+  } finally {
+    if (lock) await session.run(`SELECT pg_advisory_unlock(${MIGRATION_LOCK_KEY})`).catch(() => {});
+  }
+}
+
+async function acquire(session: MigrationSession, pollMs: number): Promise<void> {
+  for (;;) {
+    const [row] = await session.run(`SELECT pg_try_advisory_lock(${MIGRATION_LOCK_KEY}) AS "locked"`);
+    if (row?.["locked"] === true) return;
+    await new Promise((resolve) => setTimeout(resolve, pollMs));
+  }
+}
+
+async function lastApplied(session: MigrationSession, set: MigrationSet): Promise<number | null> {
+  const [row] = await session.run(`SELECT max(created_at)::text AS "last" FROM ${tableOf(set)}`);
+  const last = row?.["last"];
+  return typeof last === "string" ? Number(last) : null;
+}
+
+/**
+ * A CREATE INDEX CONCURRENTLY that failed (or was interrupted) leaves an
+ * INVALID index behind, which `IF NOT EXISTS` would then keep: drop it first,
+ * so a rerun builds it again.
+ */
+async function dropInvalidIndexBefore(session: MigrationSession, statement: string): Promise<void> {
+  const match =
+    /CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+("[^"]+"|\w+)\s+ON\s+("[^"]+"|\w+)\./i.exec(
+      statement.replace(/^\s*--.*$/gm, ""),
+    );
+  if (!match?.[1] || !match[2]) return;
+  const unquote = (name: string) => name.replace(/^"(.*)"$/, "$1");
+  const index = unquote(match[1]);
+  const schema = unquote(match[2]);
+  const rows = await session.run(
+    `SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.relname = '${index.replaceAll("'", "''")}' AND n.nspname = '${schema.replaceAll("'", "''")}' AND NOT i.indisvalid`,
+  );
+  if (rows.length > 0) await session.run(`DROP INDEX CONCURRENTLY IF EXISTS ${ident(schema)}.${ident(index)}`);
+}
+
+function migrationError(file: MigrationFile, error: unknown): Error {
+  const message = error instanceof Error ? error.message : String(error);
+  return new Error(`migration ${file.tag} failed: ${message}`, { cause: error });
+}
+
+/** Tags of a set's migrations that the database has not applied yet (none when its bookkeeping is current). */
+export async function pendingMigrations(session: MigrationSession, set: MigrationSet): Promise<string[]> {
+  const files = readMigrationFolder(set.migrationsFolder);
+  const [exists] = await session.run(`SELECT to_regclass('${tableOf(set).replaceAll("'", "''")}') IS NOT NULL AS "ok"`);
+  const last = exists?.["ok"] === true ? await lastApplied(session, set) : null;
+  return files.filter((f) => last === null || f.createdAt > last).map((f) => f.tag);
+}
+
+/** Thrown at start when the database is behind the code's migrations. */
+export class NotMigratedError extends Error {
+  readonly code = "NOT_MIGRATED";
+  readonly pending: readonly string[];
+  constructor(pending: readonly string[]) {
+    super(
+      `the database is not migrated (${pending.length} pending: ${pending.join(", ")}): ` +
+        "run `DATABASE_URL=… pnpm db:migrate` as a deploy step before starting services",
+    );
+    this.name = "NotMigratedError";
+    this.pending = pending;
+  }
+}
+
+/** Refuses to go on (NotMigratedError) when any of `sets` has a pending migration. Services call this at start. */
+export async function assertMigrated(session: MigrationSession, sets: readonly MigrationSet[]): Promise<void> {
+  const pending = (await Promise.all(sets.map((set) => pendingMigrations(session, set)))).flat();
+  if (pending.length > 0) throw new NotMigratedError(pending);
+}
+
+/** A postgres.js client as a migration session: give it a client of `max: 1`, so every statement is on one connection. */
+export function postgresJsSession(client: {
+  unsafe(query: string): PromiseLike<readonly unknown[]>;
+}): MigrationSession {
+  return { run: async (statement) => [...(await client.unsafe(statement))] as Record<string, unknown>[] };
+}
+
+/** A PGlite or node-postgres client (`query` resolves to `{ rows }`) as a migration session. */
+export function queryRowsSession(client: { query(query: string): Promise<{ rows: unknown[] }> }): MigrationSession {
+  return { run: async (statement) => (await client.query(statement)).rows as Record<string, unknown>[] };
+}
+
+/** Applies one folder of migrations to a Postgres database through postgres.js, under the migration lock. Idempotent. */
+export async function migratePostgres(
+  databaseUrl: string,
+  set: MigrationSet,
+  options: MigrateOptions = {},
+): Promise<MigrateReport> {
   const { default: postgres } = await import("postgres");
-  const { drizzle } = await import("drizzle-orm/postgres-js");
-  const { migrate } = await import("drizzle-orm/postgres-js/migrator");
   const client = postgres(databaseUrl, { max: 1, onnotice: () => {} });
   try {
-    await migrate(drizzle({ client }), set);
+    return await migrate(postgresJsSession(client), set, options);
   } finally {
     await client.end();
   }
 }
 
 /** Applies the core migrations. */
-export function migrateCore(databaseUrl: string): Promise<void> {
-  return migratePostgres(databaseUrl, { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable });
+export function migrateCore(databaseUrl: string, options: MigrateOptions = {}): Promise<MigrateReport> {
+  return migratePostgres(databaseUrl, coreMigrations, options);
 }
 
 /** The body of a `pnpm db:migrate` script: migrates $DATABASE_URL, says what happened, sets the exit code. */
-export async function runMigrationsCli(label: string, migrate: (databaseUrl: string) => Promise<void>): Promise<void> {
+export async function runMigrationsCli(
+  label: string,
+  migrateUrl: (databaseUrl: string) => Promise<MigrateReport | undefined | void>,
+): Promise<void> {
   const url = process.env["DATABASE_URL"];
   if (!url) {
     console.error(
@@ -45,8 +264,13 @@ export async function runMigrationsCli(label: string, migrate: (databaseUrl: str
     return;
   }
   try {
-    await migrate(url);
-    console.log(`${label} migrations applied`);
+    const report = await migrateUrl(url);
+    const applied = report ? report.applied : [];
+    console.log(
+      applied.length > 0
+        ? `${label} migrations applied: ${applied.join(", ")}`
+        : `${label} migrations: nothing to apply (already up to date)`,
+    );
   } catch (error) {
     console.error(`${label} migrations failed: ${error instanceof Error ? error.message : String(error)}`);
     process.exitCode = 1;
