@@ -79,14 +79,14 @@ export function lintMigration(name: string, text: string): LintProblem[] {
   for (const chunk of chunks) {
     const statement = normalize(chunk);
     if (statement === "") continue;
-    const escape = chunk.split("\n").find((line) => line.trim().startsWith(ESCAPE));
+    const allow = chunk.split("\n").find((line) => line.trim().startsWith(ESCAPE));
     const found = problemOf(statement, hot, noTransaction);
     if (!found) continue;
-    if (escape && escape.trim().slice(ESCAPE.length).trim() !== "") continue;
+    if (allow && allow.trim().slice(ESCAPE.length).trim() !== "") continue;
     problems.push({
       file: name,
       statement: statement.slice(0, 160),
-      problem: escape ? `${found} (the escape comment needs a reason)` : found,
+      problem: allow ? `${found} (the escape comment needs a reason)` : found,
     });
   }
   return problems;

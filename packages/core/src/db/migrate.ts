@@ -253,7 +253,7 @@ export function migrateCore(databaseUrl: string, options: MigrateOptions = {}): 
 /** The body of a `pnpm db:migrate` script: migrates $DATABASE_URL, says what happened, sets the exit code. */
 export async function runMigrationsCli(
   label: string,
-  migrateUrl: (databaseUrl: string) => Promise<MigrateReport | undefined | void>,
+  migrateUrl: (databaseUrl: string) => Promise<MigrateReport>,
 ): Promise<void> {
   const url = process.env["DATABASE_URL"];
   if (!url) {
@@ -264,8 +264,7 @@ export async function runMigrationsCli(
     return;
   }
   try {
-    const report = await migrateUrl(url);
-    const applied = report ? report.applied : [];
+    const { applied } = await migrateUrl(url);
     console.log(
       applied.length > 0
         ? `${label} migrations applied: ${applied.join(", ")}`
