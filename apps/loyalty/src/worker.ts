@@ -18,7 +18,7 @@ import {
   scheduleFenceCleanup,
 } from "@softcrum/core/maintenance";
 import { createOtelMetrics } from "@softcrum/core/metrics/opentelemetry";
-import { createOps, type Ops } from "@softcrum/core/ops";
+import { cachedDepth, createOps, type Ops } from "@softcrum/core/ops";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { createAwardPointsConsumer, type PartnerNotifier } from "./award-points.ts";
@@ -70,7 +70,8 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
     ...(alerts ? { alerts } : {}),
   });
   const ops = createOps({ db: module.db, queue: module.queue, metrics });
-  depthReader = () => ops.deadLetters.depth();
+  // One depth query per 30 s per process, shared by concurrent collections (#9 item 11).
+  depthReader = cachedDepth(() => ops.deadLetters.depth());
   const cleanup = createFenceCleanup({
     db: module.db,
     ttlMs: options.fenceTtlMs,

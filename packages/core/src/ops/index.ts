@@ -7,6 +7,8 @@ export type { Authorizer, JwtAuthorizerOptions, Principal } from "./auth.ts";
 export { APPROVER_ROLE, jwtAuthorizer, OPERATOR_ROLE } from "./auth.ts";
 export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batches.ts";
 export { DEFAULT_BATCH_POLICY, ReplayBatches } from "./batches.ts";
+export type { CachedDepthOptions, DepthRow } from "./depth.ts";
+export { cachedDepth } from "./depth.ts";
 export type { DeadLetterFilter } from "./filters.ts";
 export { deadLetterFilterSchema } from "./filters.ts";
 export type { OpsHandlerOptions } from "./http.ts";
