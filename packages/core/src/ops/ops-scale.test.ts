@@ -48,7 +48,7 @@ async function planOf(run: () => Promise<unknown>): Promise<string[]> {
   expect(captured).toHaveLength(1);
   const [{ query, params }] = captured as [{ query: string; params: unknown[] }];
   const [row] = await pg.sql.unsafe(`explain (format json) ${query}`, params as never[]);
-  const plan = (row as { "QUERY PLAN": [{ Plan: PlanNode }] })["QUERY PLAN"][0].Plan;
+  const plan = (row as unknown as { "QUERY PLAN": [{ Plan: PlanNode }] })["QUERY PLAN"][0].Plan;
   return nodesOf(plan)
     .filter((n) => n["Relation Name"] === "dead_letters" || n["Index Name"])
     .map((n) => `${n["Node Type"]}${n["Index Name"] ? ` ${n["Index Name"]}` : ""}`);
