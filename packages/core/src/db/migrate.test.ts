@@ -38,6 +38,23 @@ async function withClient<T>(url: string, work: (sql: postgres.Sql) => Promise<T
   }
 }
 
+/** Today's main: drizzle-orm's migrator over the first six journal entries (0000-0005). */
+async function migrateAsMain(url: string): Promise<void> {
+  const old = mkdtempSync(join(tmpdir(), "softcrum-migrations-"));
+  try {
+    cpSync(coreMigrationsFolder, old, { recursive: true });
+    const journalPath = join(old, "meta", "_journal.json");
+    const journal = JSON.parse(readFileSync(journalPath, "utf8")) as { entries: { tag: string }[] };
+    journal.entries = journal.entries.filter((e) => /^000[0-5]_/.test(e.tag));
+    writeFileSync(journalPath, JSON.stringify(journal));
+    await withClient(url, (sql) =>
+      drizzleMigrate(drizzle({ client: sql }), { ...coreMigrations, migrationsFolder: old }),
+    );
+  } finally {
+    rmSync(old, { recursive: true, force: true });
+  }
+}
+
 afterAll(async () => {
   for (const name of created) await pg.sql`drop database if exists ${pg.sql(name)} with (force)`;
 });
@@ -78,20 +95,7 @@ describe("migrations as a locked deploy step", () => {
 
   test("a database migrated by drizzle's migrator with today's migrations (0000-0005) gets only the new ones, concurrently built (#9 item 5)", async () => {
     const url = await freshDatabase();
-    // Today's main: drizzle-orm's migrator over the first six journal entries.
-    const old = mkdtempSync(join(tmpdir(), "softcrum-migrations-"));
-    try {
-      cpSync(coreMigrationsFolder, old, { recursive: true });
-      const journalPath = join(old, "meta", "_journal.json");
-      const journal = JSON.parse(readFileSync(journalPath, "utf8")) as { entries: { tag: string }[] };
-      journal.entries = journal.entries.filter((e) => /^000[0-5]_/.test(e.tag));
-      writeFileSync(journalPath, JSON.stringify(journal));
-      await withClient(url, (sql) =>
-        drizzleMigrate(drizzle({ client: sql }), { ...coreMigrations, migrationsFolder: old }),
-      );
-    } finally {
-      rmSync(old, { recursive: true, force: true });
-    }
+    await migrateAsMain(url);
     const { applied } = await migrateCore(url);
     expect(applied).toEqual(tags.filter((t) => !/^000[0-5]_/.test(t)));
     expect((await migrateCore(url)).applied).toEqual([]);
@@ -148,4 +152,51 @@ describe("migrations as a locked deploy step", () => {
       rmSync(folder, { recursive: true, force: true });
     }
   });
+
+  test("the new migrations do not block dead-letter or fence writes while they wait for a transaction open on dead_letters (#9 item 5)", async () => {
+    const url = await freshDatabase();
+    await migrateAsMain(url);
+    const open = postgres(url, { max: 1, onnotice: () => {} });
+    let pendingRun: Promise<unknown> = Promise.resolve();
+    const writer = postgres(url, { max: 1, onnotice: () => {}, connection: { lock_timeout: 2000 } });
+    const letter = (id: string) =>
+      `insert into core.dead_letters (id, queue, consumer, payload, attempts, last_error, error_class)
+       values ('${id}', 'q', 'c', '{}', 1, 'boom', 'exhausted')`;
+    try {
+      // A work transaction that wrote a dead letter and has not committed yet.
+      const reserved = await open.reserve();
+      await reserved.unsafe("begin");
+      await reserved.unsafe(letter("00000000-0000-7000-8000-000000000001"));
+      const migrating = migrateCore(url);
+      pendingRun = migrating.catch(() => undefined);
+      // The index build now waits for that transaction (CONCURRENTLY); a plain CREATE INDEX would too, and
+      // every insert after it would queue behind its lock.
+      await waitFor(
+        () =>
+          writer`select 1 from pg_stat_activity
+            where query like '%CREATE INDEX CONCURRENTLY%' and wait_event_type = 'Lock' and pid <> pg_backend_pid()`,
+      );
+      // Meanwhile other jobs write dead letters and fences without waiting on a lock (lock_timeout 2 s).
+      await writer.unsafe(letter("00000000-0000-7000-8000-000000000002"));
+      await writer`insert into core.processed_jobs (job_id, consumer) values (gen_random_uuid(), 'c')`;
+      await reserved.unsafe("commit");
+      reserved.release();
+      expect((await migrating).applied).toEqual(tags.filter((t) => !/^000[0-5]_/.test(t)));
+      const [row] = await writer`select count(*)::int as n from core.dead_letters where status = 'pending_review'`;
+      expect(row?.["n"]).toBe(2);
+    } finally {
+      await open.end({ timeout: 5 }); // ends the open transaction, if a failure left it open
+      await pendingRun;
+      await writer.end({ timeout: 5 });
+    }
+  });
 });
+
+/** Polls a condition on the database (a state to reach, not a time to wait). */
+async function waitFor(check: () => Promise<readonly unknown[]>): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if ((await check()).length > 0) return;
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  throw new Error("the condition was not reached in 5 s");
+}
