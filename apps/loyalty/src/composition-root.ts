@@ -161,14 +161,14 @@ async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
 async function openPostgres(url: string) {
   const { default: postgres } = await import("postgres");
   const { drizzle } = await import("drizzle-orm/postgres-js");
-  // Checked on a connection of its own, so the pool never sees a database behind the code.
-  const check = postgres(url, { max: 1, onnotice: () => {} });
-  try {
-    await assertMigrated(postgresJsSession(check), [coreMigrations, loyaltyMigrations]);
-  } finally {
-    await check.end();
-  }
   const client = postgres(url, { max: 10, onnotice: () => {} });
+  // A few catalog reads on the pool: every start (a Vercel cold start too) checks, none migrates.
+  try {
+    await assertMigrated(postgresJsSession(client), [coreMigrations, loyaltyMigrations]);
+  } catch (error) {
+    await client.end();
+    throw error;
+  }
   const db = drizzle({ client });
   return { db: db as AnyPgDatabase, database: "postgres" as const, closeDb: () => client.end() };
 }

@@ -218,7 +218,10 @@ export async function assertMigrated(session: MigrationSession, sets: readonly M
   if (pending.length > 0) throw new NotMigratedError(pending);
 }
 
-/** A postgres.js client as a migration session: give it a client of `max: 1`, so every statement is on one connection. */
+/**
+ * A postgres.js client as a migration session. For `migrate`, a client of `max: 1`, so every
+ * statement is on one connection (the lock's); `assertMigrated` may use any pool.
+ */
 export function postgresJsSession(client: {
   unsafe(query: string): PromiseLike<readonly unknown[]>;
 }): MigrationSession {
