@@ -16,6 +16,7 @@
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
+import { InvalidConfigError } from "../errors.ts";
 
 /**
  * The folder of @softcrum/core's generated SQL migrations (the repository's
@@ -198,16 +199,14 @@ export async function pendingMigrations(session: MigrationSession, set: Migratio
   return files.filter((f) => last === null || f.createdAt > last).map((f) => f.tag);
 }
 
-/** Thrown at start when the database is behind the code's migrations. */
-export class NotMigratedError extends Error {
-  readonly code = "NOT_MIGRATED";
+/** Thrown at start when the database is behind the code's migrations (an `INVALID_CONFIG` SoftcrumError). */
+export class NotMigratedError extends InvalidConfigError {
   readonly pending: readonly string[];
   constructor(pending: readonly string[]) {
     super(
       `the database is not migrated (${pending.length} pending: ${pending.join(", ")}): ` +
         "run `DATABASE_URL=… pnpm db:migrate` as a deploy step before starting services",
     );
-    this.name = "NotMigratedError";
     this.pending = pending;
   }
 }
