@@ -8,8 +8,8 @@
  *
  * FENCE_TTL_HOURS (default 192 = 8 days) and FENCE_CLEANUP_EVERY_MINUTES
  * (default 15) tune the cleanup; a TTL shorter than twice a consumer's retry
- * window (plus, on Vercel Queues, the 7 days it may hold a message) is refused
- * at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topic.
+ * window plus its deferral horizon (12 h by default; plus, on Vercel Queues,
+ * the 7 days it may hold a message) is refused at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topic.
  * It runs until SIGINT or SIGTERM, then stops gracefully and exits 0 (a
  * second signal exits at once, with 1).
  */
