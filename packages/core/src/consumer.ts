@@ -287,6 +287,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #logger: Logger;
   readonly #random: () => number;
   readonly #now: () => number;
+  /** The consumer's `deferralHorizonMs`; the default for a consumer object made without it (not by defineConsumer). */
+  readonly #deferralHorizonMs: number;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
   readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
 
@@ -305,6 +307,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#logger = deps.logger ?? consoleLogger;
     this.#random = deps.random ?? Math.random;
     this.#now = deps.now ?? Date.now;
+    this.#deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
   }
 
   async deliver(delivery: Delivery): Promise<DeliveryResult> {
@@ -390,7 +393,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
             { ...RATE_LIMIT_BACKOFF, retryAfterMs: failure.retryAfterMs },
             this.#random,
           ),
-          consumer.deferralHorizonMs,
+          this.#deferralHorizonMs,
         );
         this.#metrics.handlerDuration(duration, this.#attributes("rate_limited"));
         return this.#finish("rate_limited", {
@@ -556,7 +559,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
    */
   #beyondDeferralHorizon(delivery: Delivery, envelope: Envelope, waitMs: number): string | undefined {
     const dueAt = dueAtOf(delivery, envelope);
-    const horizon = this.#consumer.deferralHorizonMs;
+    const horizon = this.#deferralHorizonMs;
     const backAfter = this.#now() + waitMs - dueAt;
     if (!(backAfter > horizon)) return undefined;
     return `deferred past its horizon: a wait of ${waitMs} ms would bring the job back ${backAfter} ms after it was due, beyond ${this.name}'s deferral horizon of ${horizon} ms`;
