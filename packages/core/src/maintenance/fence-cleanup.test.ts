@@ -258,6 +258,9 @@ describe("copies of a job that come back late (#9 item 1)", () => {
     expect(() => checkFenceTtl({ ttlMs: 24 * HOUR, consumers: [consumer, patient] })).toThrow(
       /too short for consumer "cleanup\.patient".* = 173700000 ms/,
     );
+    expect(() => defineConsumer({ ...effectConsumer("cleanup.none"), deferralHorizonMs: 0 })).toThrow(
+      /deferralHorizonMs must be a number of milliseconds from 1000/,
+    );
     // The example worker's default (192 h) fits even Vercel Queues' 7-day hold.
     expect(() =>
       checkFenceTtl({ ttlMs: 192 * HOUR, consumers: [consumer], transportHoldMs: 168 * HOUR }),
