@@ -8,8 +8,10 @@
  *
  * FENCE_TTL_HOURS (default 192 = 8 days) and FENCE_CLEANUP_EVERY_MINUTES
  * (default 15) tune the cleanup; a TTL shorter than twice a consumer's retry
- * window (plus, on Vercel Queues, the 7 days it may hold a message) is refused
- * at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topic.
+ * window plus its deferral horizon (12 h by default; plus, on Vercel Queues,
+ * the 7 days it may hold a message) is refused at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topic.
+ * It runs until SIGINT or SIGTERM, then stops gracefully and exits 0 (a
+ * second signal exits at once, with 1).
  */
 import {
   type CleanupReport,
@@ -114,10 +116,30 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   console.log(
     `loyalty worker running on ${worker.module.database}; fence TTL ${hours} h, cleanup every ${minutes} min`,
   );
-  const shutdown = async () => {
-    await worker.stop();
-    process.exit(0);
+  // The core's timers are unref'd (a library must not hold a process open),
+  // and the embedded database holds no socket: without this the process would
+  // end as soon as it started. A worker runs until it is told to stop.
+  const keepAlive = setInterval(() => {}, 2_147_483_647);
+  let stopping = false;
+  const shutdown = (signal: NodeJS.Signals) => {
+    if (stopping) {
+      console.error(`loyalty worker: ${signal} again, exiting without waiting for the graceful stop`);
+      process.exit(1);
+    }
+    stopping = true;
+    console.log(`loyalty worker: ${signal}, stopping`);
+    worker.stop().then(
+      () => {
+        clearInterval(keepAlive);
+        console.log("loyalty worker: stopped");
+        process.exit(0);
+      },
+      (error: unknown) => {
+        console.error(`loyalty worker: stop failed: ${String(error)}`);
+        process.exit(1);
+      },
+    );
   };
-  process.once("SIGINT", shutdown);
-  process.once("SIGTERM", shutdown);
+  process.on("SIGINT", shutdown);
+  process.on("SIGTERM", shutdown);
 }

@@ -28,7 +28,14 @@ import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
 import type { BoundConsumer, Delivery, DeliveryOutcome, DeliveryResult } from "./queue-port.ts";
-import { deferralDelayMs, RATE_LIMIT_BACKOFF, type RetryPolicy, resolveRetryPolicy, retryDelayMs } from "./retry.ts";
+import {
+  DEFAULT_DEFERRAL_HORIZON_MS,
+  deferralDelayMs,
+  RATE_LIMIT_BACKOFF,
+  type RetryPolicy,
+  resolveRetryPolicy,
+  retryDelayMs,
+} from "./retry.ts";
 
 // biome-ignore lint/suspicious/noExplicitAny: any Drizzle Postgres database (postgres.js, PGlite, ...) with any schema.
 export type AnyPgDatabase = PgDatabase<PgQueryResultHKT, any, any>;
@@ -92,12 +99,25 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    * @default DEFAULT_HANDLER_TIMEOUT_MS (25 s)
    */
   readonly timeoutMs?: number;
+  /**
+   * Bounds the waits that spend no attempt, so that no copy of a job can come
+   * back after the fence cleanup's TTL (`checkFenceTtl` adds it to the
+   * minimum TTL; ADR 0006). A rate-limited wait is never longer than this,
+   * whatever the provider's Retry-After (the job comes back sooner and may be
+   * told to wait again). A delivery whose handler never started (it never
+   * reached the fence) is not deferred past this long after the job became due
+   * (`Delivery.dueAt`, else its job_id's timestamp): it is dead-lettered
+   * (`exhausted`) instead, or acknowledged as a duplicate if a copy already
+   * committed. @default DEFAULT_DEFERRAL_HORIZON_MS (12 h)
+   */
+  readonly deferralHorizonMs?: number;
 }
 
 export interface Consumer<TSchema extends z.ZodType = z.ZodType> extends ConsumerDefinition<TSchema> {
   readonly kinds: ReadonlySet<string>;
   readonly retryPolicy: RetryPolicy;
   readonly timeoutMs: number;
+  readonly deferralHorizonMs: number;
 }
 
 const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$/;
@@ -135,9 +155,16 @@ export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDe
   if (!(Number.isFinite(timeoutMs) && timeoutMs >= 1 && timeoutMs <= 12 * 3_600_000)) {
     throw new InvalidConfigError(`${owner}: timeoutMs must be a number of milliseconds from 1 to 43200000 (12 h)`);
   }
+  const deferralHorizonMs = definition.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
+  if (!(Number.isFinite(deferralHorizonMs) && deferralHorizonMs >= 1_000 && deferralHorizonMs <= 30 * 86_400_000)) {
+    throw new InvalidConfigError(
+      `${owner}: deferralHorizonMs must be a number of milliseconds from 1000 to 2592000000 (30 days)`,
+    );
+  }
   return Object.freeze({
     ...definition,
     timeoutMs,
+    deferralHorizonMs,
     kinds: new Set(kindList),
     retryPolicy: resolveRetryPolicy(definition.retry, owner),
   });
@@ -260,6 +287,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #logger: Logger;
   readonly #random: () => number;
   readonly #now: () => number;
+  /** The consumer's `deferralHorizonMs`; the default for a consumer object made without it (not by defineConsumer). */
+  readonly #deferralHorizonMs: number;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
   readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
 
@@ -278,6 +307,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#logger = deps.logger ?? consoleLogger;
     this.#random = deps.random ?? Math.random;
     this.#now = deps.now ?? Date.now;
+    this.#deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
   }
 
   async deliver(delivery: Delivery): Promise<DeliveryResult> {
@@ -302,11 +332,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     // Age counts from when the message was due (a job scheduled ahead is not
     // old on arrival); a replay an operator asked for is never expired.
     if (consumer.maxAgeMs !== undefined && delivery.replay !== true) {
-      const dueAt =
-        typeof delivery.dueAt === "number" && Number.isFinite(delivery.dueAt)
-          ? delivery.dueAt
-          : jobCreatedAt(envelope.job_id);
-      const age = this.#now() - dueAt;
+      const age = this.#now() - dueAtOf(delivery, envelope);
       if (age > consumer.maxAgeMs) {
         return this.#deadLetterUnlessCommitted({
           errorClass: "expired",
@@ -330,29 +356,44 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       const duration = performance.now() - started;
       if (thrown instanceof WorkNotStartedError) {
         // The handler never ran (no connection, BEGIN, lock or fence failed):
-        // no attempt is spent, so a database outage never exhausts a job.
+        // no attempt is spent, so a database outage never exhausts a job —
+        // until it outlasts the deferral horizon.
+        const retryAfterMs = deferralDelayMs(
+          delivery.deferrals ?? 0,
+          { baseMs: NOT_STARTED_BASE_MS, capMs: NOT_STARTED_CAP_MS },
+          this.#random,
+        );
+        const error = describeError(thrown);
+        const beyond = this.#beyondDeferralHorizon(delivery, envelope, retryAfterMs);
+        if (beyond !== undefined) {
+          this.#metrics.handlerDuration(duration, this.#attributes("dead_lettered"));
+          return this.#deadLetterUnlessCommitted({
+            errorClass: "exhausted",
+            attempts: attempt - 1,
+            error: `${beyond} (the handler could not start: ${error})`,
+            cause: thrown,
+            received,
+            envelope,
+          });
+        }
         this.#metrics.handlerDuration(duration, this.#attributes("deferred"));
-        return this.#finish("deferred", {
-          outcome: "deferred",
-          ack: false,
-          retryAfterMs: deferralDelayMs(
-            delivery.deferrals ?? 0,
-            { baseMs: NOT_STARTED_BASE_MS, capMs: NOT_STARTED_CAP_MS },
-            this.#random,
-          ),
-          spendsAttempt: false,
-          error: describeError(thrown),
-        });
+        return this.#finish("deferred", { outcome: "deferred", ack: false, retryAfterMs, spendsAttempt: false, error });
       }
       // 4. The transaction rolled back: no fence, no effect.
       const failure = classifySafely(thrown);
       if (failure.failureClass === "rate_limited") {
         // Grows with the job's deferrals so far (capped, jittered); a
-        // provider's Retry-After is honoured, but never below a 1 s floor.
-        const retryAfterMs = deferralDelayMs(
-          delivery.deferrals ?? 0,
-          { ...RATE_LIMIT_BACKOFF, retryAfterMs: failure.retryAfterMs },
-          this.#random,
+        // provider's Retry-After is honoured, but never below a 1 s floor —
+        // nor beyond the deferral horizon: a copy that slept longer could
+        // come back after the fence another copy committed meanwhile was
+        // cleaned up (it comes back sooner, and may be told to wait again).
+        const retryAfterMs = Math.min(
+          deferralDelayMs(
+            delivery.deferrals ?? 0,
+            { ...RATE_LIMIT_BACKOFF, retryAfterMs: failure.retryAfterMs },
+            this.#random,
+          ),
+          this.#deferralHorizonMs,
         );
         this.#metrics.handlerDuration(duration, this.#attributes("rate_limited"));
         return this.#finish("rate_limited", {
@@ -506,6 +547,22 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       envelope,
       evidence: "unknown",
     };
+  }
+
+  /**
+   * Why a deferral of `waitMs` would bring the job back past the consumer's
+   * deferral horizon, or undefined when it would not. A delivery whose
+   * handler never started never reached the fence either, and such deferrals
+   * spend no attempt and may repeat without end (a long outage, a pool that
+   * stays exhausted): this bounds how late such a copy can still run the
+   * handler — after the fence another copy committed may have been cleaned up.
+   */
+  #beyondDeferralHorizon(delivery: Delivery, envelope: Envelope, waitMs: number): string | undefined {
+    const dueAt = dueAtOf(delivery, envelope);
+    const horizon = this.#deferralHorizonMs;
+    const backAfter = this.#now() + waitMs - dueAt;
+    if (!(backAfter > horizon)) return undefined;
+    return `deferred past its horizon: a wait of ${waitMs} ms would bring the job back ${backAfter} ms after it was due, beyond ${this.name}'s deferral horizon of ${horizon} ms`;
   }
 
   #attributes(outcome: DeliveryOutcome): JobMetricAttributes {
@@ -702,6 +759,13 @@ class Context implements HandlerContext {
       .digest("hex");
     return this.#idempotencyKey;
   }
+}
+
+/** When the job became due: the transport's `dueAt` (publish time plus delay), else its job_id's timestamp. */
+function dueAtOf(delivery: Delivery, envelope: Envelope): number {
+  return typeof delivery.dueAt === "number" && Number.isFinite(delivery.dueAt)
+    ? delivery.dueAt
+    : jobCreatedAt(envelope.job_id);
 }
 
 function decodeBody(body: unknown): ReceivedPayload {

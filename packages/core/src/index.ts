@@ -80,6 +80,7 @@ export type {
 } from "./queue-port.ts";
 export type { DeferralBackoff, RetryPolicy } from "./retry.ts";
 export {
+  DEFAULT_DEFERRAL_HORIZON_MS,
   DEFAULT_RETRY_POLICY,
   DEFERRAL_FLOOR_MS,
   deferralDelayMs,

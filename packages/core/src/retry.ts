@@ -96,6 +96,15 @@ export const RATE_LIMIT_BACKOFF: Required<DeferralBackoff> = Object.freeze({
   floorMs: 1_000,
 });
 
+/**
+ * A consumer's default deferral horizon (`deferralHorizonMs`), 12 h: no
+ * rate-limited wait is longer, and a delivery whose handler never started is
+ * not deferred past this long after the job became due (it is dead-lettered
+ * instead). It bounds how late a copy of a job can come back, which the fence
+ * cleanup's TTL must cover (ADR 0006).
+ */
+export const DEFAULT_DEFERRAL_HORIZON_MS = 12 * 3_600_000;
+
 /** Shortest wait of a deferral when the options name none: `Retry-After: 0` must not make a hot loop. */
 export const DEFERRAL_FLOOR_MS = 1_000;
 

@@ -1,17 +1,20 @@
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
 import { uuidv7 } from "uuidv7";
 import { describe, expect, test } from "vitest";
 import { z } from "zod";
 import { effectConsumer, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
-import { createMemoryQueue } from "../adapters/memory/index.ts";
+import { createMemoryQueue, type DeliveryEvent, type MemoryQueue } from "../adapters/memory/index.ts";
 import { createManualClock } from "../clock.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { createEnvelope } from "../envelope.ts";
-import { InvalidConfigError } from "../errors.ts";
+import { InvalidConfigError, RateLimitedError } from "../errors.ts";
 import { createOps } from "../ops/index.ts";
-import { createFenceCleanup, scheduleFenceCleanup } from "./fence-cleanup.ts";
+import { checkFenceTtl, createFenceCleanup, minimumFenceTtlMs, scheduleFenceCleanup } from "./fence-cleanup.ts";
 
 const pg = useEffectsDatabase("fence-cleanup");
 const HOUR = 3_600_000;
+const MINUTE = 60_000;
 const consumer = effectConsumer("cleanup.award"); // default policy: retries span 7.5 minutes
 
 /** Fence rows processed `ageMs` ago (database time). */
@@ -118,14 +121,16 @@ describe("fence TTL cleanup", () => {
       kind: "k.v1",
       schema: z.object({}),
       retry: policy,
+      deferralHorizonMs: 1000,
       handle: async () => {},
     });
-    // The shortest TTL allowed is 2 × 3 s; one millisecond less is refused.
-    expect(() => createFenceCleanup({ db: pg.db, ttlMs: 5999, consumers: [fast] })).toThrow(InvalidConfigError);
-    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 6000, consumers: [fast] });
+    // The shortest TTL allowed is 2 × 3 s + the 1 s deferral horizon; one millisecond less is refused.
+    expect(minimumFenceTtlMs({ consumers: [fast] })).toBe(7000);
+    expect(() => createFenceCleanup({ db: pg.db, ttlMs: 6999, consumers: [fast] })).toThrow(InvalidConfigError);
+    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 7000, consumers: [fast] });
     const insideRetryWindow = await fences(4, 2900, "fast");
-    const insideTtl = await fences(4, 5500, "fast");
-    const expired = await fences(4, 7000, "fast");
+    const insideTtl = await fences(4, 6500, "fast");
+    const expired = await fences(4, 8000, "fast");
     expect((await cleanup.run()).deleted).toBe(4);
     expect(new Set(await remaining())).toEqual(new Set([...insideRetryWindow, ...insideTtl]));
     expect(expired.some((id) => insideRetryWindow.includes(id))).toBe(false);
@@ -144,7 +149,7 @@ describe("fence TTL cleanup", () => {
     const day = 24 * HOUR;
     expect(() =>
       createFenceCleanup({ db: pg.db, ttlMs: 5 * day, consumers: [consumer], transportHoldMs: 6 * day }),
-    ).toThrow(/at least 2 × 450000 \+ 518400000 \(transport hold\) = 519300000 ms/);
+    ).toThrow(/at least 2 × 450000 \+ 43200000 \(deferral horizon\) \+ 518400000 \(transport hold\) = 562500000 ms/);
     expect(() =>
       createFenceCleanup({ db: pg.db, ttlMs: 7 * day, consumers: [consumer], transportHoldMs: 6 * day }),
     ).not.toThrow();
@@ -167,7 +172,7 @@ describe("fence TTL cleanup", () => {
     }
     expect(error).toBeInstanceOf(InvalidConfigError);
     expect((error as Error).message).toMatch(/too short for consumer "loyalty\.slow": its retries can span 1270000 ms/);
-    expect((error as Error).message).toMatch(/at least 2 × 1270000 = 2540000 ms/);
+    expect((error as Error).message).toMatch(/at least 2 × 1270000 \+ 43200000 \(deferral horizon\) = 45740000 ms/);
     expect(() => createFenceCleanup({ db: pg.db, ttlMs: 24 * HOUR, consumers: [] })).toThrow(/name the consumers/);
   });
 
@@ -219,5 +224,163 @@ describe("fence TTL cleanup", () => {
     await new Promise((r) => setTimeout(r, 100));
     expect(runs.length).toBe(after);
     expect(await remaining()).toHaveLength(0);
+  });
+});
+
+/** Every delivery of `queue`, and a way to wait for the n-th. */
+function recordDeliveries(queue: MemoryQueue) {
+  const events: DeliveryEvent[] = [];
+  let wake: (() => void) | undefined;
+  queue.onDelivery((e) => {
+    events.push(e);
+    wake?.();
+  });
+  return {
+    events,
+    outcomes: () => events.map((e) => e.result.outcome),
+    async count(n: number) {
+      while (events.length < n) await new Promise<void>((resolve) => (wake = resolve));
+    },
+  };
+}
+const effectRows = async () => (await pg.sql<{ n: number }[]>`select count(*)::int as n from test_effects`)[0]?.n;
+const award = () => createEnvelope({ tenantId: "t", kind: "points.award.v1", data: { customerId: "c", points: 1 } });
+
+describe("copies of a job that come back late (#9 item 1)", () => {
+  test("a TTL shorter than the deferral horizon is refused: a copy waiting out a 429's Retry-After could outlive the fence (#9 item 1)", () => {
+    // The issue's case: one copy deferred 1 h by a Retry-After, a 20-minute TTL.
+    expect(() => checkFenceTtl({ ttlMs: 20 * MINUTE, consumers: [consumer] })).toThrow(
+      /up to its deferral horizon of 43200000 ms, so the TTL must be at least 2 × 450000 \+ 43200000 \(deferral horizon\) = 44100000 ms/,
+    );
+    expect(minimumFenceTtlMs({ consumers: [consumer] })).toBe(12 * HOUR + 15 * MINUTE);
+    // A consumer whose provider may ask for longer waits, given a longer horizon, needs a longer TTL.
+    const patient = defineConsumer({ ...effectConsumer("cleanup.patient"), deferralHorizonMs: 48 * HOUR });
+    expect(() => checkFenceTtl({ ttlMs: 24 * HOUR, consumers: [consumer, patient] })).toThrow(
+      /too short for consumer "cleanup\.patient".* = 173700000 ms/,
+    );
+    expect(() => defineConsumer({ ...effectConsumer("cleanup.none"), deferralHorizonMs: 0 })).toThrow(
+      /deferralHorizonMs must be a number of milliseconds from 1000/,
+    );
+    // The example worker's default (192 h) fits even Vercel Queues' 7-day hold.
+    expect(() =>
+      checkFenceTtl({ ttlMs: 192 * HOUR, consumers: [consumer], transportHoldMs: 168 * HOUR }),
+    ).not.toThrow();
+  });
+
+  test("a copy told by a 429 to wait a day comes back while the fence another copy committed is still there, whenever an accepted cleanup runs (#9 item 1)", async () => {
+    let limited = true; // the partner answers 429 "Retry-After: 24 h" while this holds
+    const c = effectConsumer("cleanup.limited", async () => {
+      if (limited) throw new RateLimitedError("partner 429", { retryAfterMs: 24 * HOUR });
+    });
+    const ttlMs = minimumFenceTtlMs({ consumers: [c] }); // the shortest TTL accepted
+    const clock = createManualClock();
+    const queue = createMemoryQueue({ clock });
+    const deliveries = recordDeliveries(queue);
+    queue.subscribe(bindConsumer(c, { db: pg.db, logger: silentLogger, now: clock.now }));
+    const envelope = award();
+
+    // Two copies of one job: the first is deferred by the partner, the second commits.
+    await queue.publish(c.queue, envelope);
+    await deliveries.count(1);
+    limited = false;
+    await queue.publish(c.queue, envelope);
+    await deliveries.count(2);
+    expect(deliveries.outcomes()).toEqual(["rate_limited", "success"]);
+    const [deferral] = deliveries.events;
+    const wait = deferral?.result.outcome === "rate_limited" ? deferral.result.retryAfterMs : Number.NaN;
+
+    // The cleanup runs at the last moment before the deferred copy is back:
+    // the fence is that old by then (database time, moved back instead).
+    await pg.sql`update core.processed_jobs set processed_at = now() - make_interval(secs => ${(wait - MINUTE) / 1000})`;
+    const report = await createFenceCleanup({ db: pg.db, ttlMs, consumers: [c] }).run();
+
+    await queue.drain();
+    await queue.close();
+    expect(await effectRows()).toBe(1);
+    expect(deliveries.outcomes()).toEqual(["rate_limited", "success", "duplicate"]);
+    expect(report.deleted).toBe(0);
+    // The wait was cut to the 12 h horizon, which the TTL covers.
+    expect(wait).toBe(12 * HOUR);
+  });
+
+  test("a Retry-After longer than the deferral horizon is cut to it: the job comes back sooner, and waits again if told to (#9 item 1)", async () => {
+    let limited = 2;
+    const c = defineConsumer({
+      ...effectConsumer("cleanup.shortHorizon", async () => {
+        if (limited-- > 0) throw new RateLimitedError("partner 429", { retryAfterMs: 3 * HOUR });
+      }),
+      deferralHorizonMs: HOUR,
+    });
+    const clock = createManualClock();
+    const queue = createMemoryQueue({ clock });
+    const deliveries = recordDeliveries(queue);
+    queue.subscribe(bindConsumer(c, { db: pg.db, logger: silentLogger, now: clock.now }));
+    const start = clock.now();
+    await queue.publish(c.queue, award());
+    await queue.drain();
+    await queue.close();
+    expect(deliveries.outcomes()).toEqual(["rate_limited", "rate_limited", "success"]);
+    expect(deliveries.events.map((e) => e.at - start)).toEqual([0, HOUR, 2 * HOUR]);
+    expect(await effectRows()).toBe(1);
+  });
+
+  test("a delivery whose handler cannot start is not deferred past its horizon: it is to be dead-lettered, not run late (#9 item 1)", async () => {
+    // A real client to a port where nothing listens: the work cannot start, and no letter can be written.
+    const client = postgres("postgres://postgres@127.0.0.1:1/none", { max: 1, connect_timeout: 1, onnotice: () => {} });
+    try {
+      const bound = bindConsumer(consumer, { db: drizzle({ client }), logger: silentLogger, random: () => 0.999 });
+      const body = JSON.stringify(award());
+      const inside = await bound.deliver({ body, deliveryCount: 1, deferrals: 40, dueAt: Date.now() - 11 * HOUR });
+      expect(inside).toMatchObject({ outcome: "deferred", ack: false, spendsAttempt: false });
+      // 5 minutes more would carry it past 12 h: the database being down, the
+      // letter cannot be written, so the message is not acknowledged (it comes back, as an attempt).
+      const past = await bound.deliver({
+        body,
+        deliveryCount: 1,
+        deferrals: 41,
+        dueAt: Date.now() - 12 * HOUR + MINUTE,
+      });
+      expect(past).toMatchObject({ outcome: "dead_letter_failed", ack: false });
+    } finally {
+      await client.end();
+    }
+  });
+
+  test("past its horizon, a job whose handler could not start becomes an exhausted dead letter, or a duplicate when a copy committed (#9 item 1)", async () => {
+    const ordered = defineConsumer({ ...effectConsumer("cleanup.ordered"), orderingKey: (data) => data.customerId });
+    // Another session holds the job's ordering lock, and this pool gives up
+    // waiting for a lock after 200 ms: the work cannot start (the letter
+    // decision takes no ordering lock, so it can).
+    const holder = await pg.sql.reserve();
+    const client = postgres(pg.url, { max: 2, onnotice: () => {}, connection: { lock_timeout: 200 } });
+    try {
+      await holder`select pg_advisory_lock(hashtextextended(${`${ordered.name}|c`}, 0))`;
+      const bound = bindConsumer(ordered, { db: drizzle({ client }), logger: silentLogger, random: () => 0.999 });
+      const deliver = (envelope: ReturnType<typeof award>, dueAt: number) =>
+        bound.deliver({ body: JSON.stringify(envelope), deliveryCount: 1, deferrals: 40, dueAt });
+
+      const fresh = award();
+      expect(await deliver(fresh, Date.now())).toMatchObject({ outcome: "deferred", spendsAttempt: false });
+      // Due 12 h ago less a minute: the next wait (about 5 minutes) would carry it past the horizon.
+      const lone = award();
+      const letter = await deliver(lone, Date.now() - 12 * HOUR + MINUTE);
+      expect(letter).toMatchObject({ outcome: "dead_lettered", ack: true, errorClass: "exhausted" });
+      const [row] = await pg.sql<{ job_id: string; last_error: string }[]>`
+        select job_id, last_error from core.dead_letters where status = 'pending_review'`;
+      expect(row?.job_id).toBe(lone.job_id);
+      expect(row?.last_error).toMatch(
+        /^deferred past its horizon: a wait of \d+ ms would bring the job back \d+ ms after it was due, beyond cleanup\.ordered's deferral horizon of 43200000 ms \(the handler could not start: /,
+      );
+      // A copy of a job another copy already committed is a duplicate, not a letter.
+      const done = award();
+      await pg.sql`insert into core.processed_jobs (job_id, consumer) values (${done.job_id}, ${ordered.name})`;
+      expect(await deliver(done, Date.now() - 12 * HOUR + MINUTE)).toMatchObject({ outcome: "duplicate", ack: true });
+      const [letters] = await pg.sql<{ n: number }[]>`select count(*)::int as n from core.dead_letters`;
+      expect(letters?.n).toBe(1);
+      expect(await effectRows()).toBe(0);
+    } finally {
+      holder.release();
+      await client.end();
+    }
   });
 });

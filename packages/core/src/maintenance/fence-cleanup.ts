@@ -1,8 +1,12 @@
 /**
  * TTL cleanup of `core.processed_jobs`. A fence row must outlive every late
- * redelivery of its job, or the late copy would find no fence and run the
- * work twice: so the TTL is checked against the longest retry window of every
- * consumer (with a safety margin) before anything is deleted. Rows of jobs
+ * copy of its job, or the late copy would find no fence and run the work
+ * twice: so before anything is deleted the TTL is checked against how late a
+ * copy of each consumer's jobs can come back (ADR 0006) — the retry schedule
+ * (with a safety margin), the consumer's deferral horizon (no rate-limited
+ * wait, whatever its Retry-After, is longer; a delivery whose handler never
+ * started, which never reached the fence, is not deferred past it) and the
+ * transport's hold. Rows of jobs
  * that still have a pending dead letter are kept whatever their age, because
  * replaying that letter must stay a no-op for the consumers that succeeded.
  * So are rows of jobs whose letter was replayed less than a TTL ago: the
@@ -22,14 +26,21 @@ import { type SQL, sql } from "drizzle-orm";
 import type { AnyPgDatabase, Consumer } from "../consumer.ts";
 import { InvalidConfigError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
-import { maxRetryWindowMs } from "../retry.ts";
+import { DEFAULT_DEFERRAL_HORIZON_MS, maxRetryWindowMs } from "../retry.ts";
+
+/** What the TTL check reads of a consumer; `deferralHorizonMs` @default DEFAULT_DEFERRAL_HORIZON_MS (as `defineConsumer`). */
+export type FenceTtlConsumer = Pick<Consumer, "name" | "retryPolicy"> & Partial<Pick<Consumer, "deferralHorizonMs">>;
 
 export interface FenceCleanupOptions {
   readonly db: AnyPgDatabase;
-  /** Fence rows older than this are deleted. Must exceed every consumer's retry window times `safetyMargin`. */
+  /**
+   * Fence rows older than this are deleted. Must be at least every consumer's
+   * retry window times `safetyMargin`, plus its deferral horizon, plus
+   * `transportHoldMs` (`minimumFenceTtlMs`).
+   */
   readonly ttlMs: number;
   /** Every consumer whose fences live in this database: the TTL is checked against each. */
-  readonly consumers: readonly Pick<Consumer, "name" | "retryPolicy">[];
+  readonly consumers: readonly FenceTtlConsumer[];
   /** How many times the longest retry window the TTL must cover. @default 2 */
   readonly safetyMargin?: number;
   /** Rows deleted per transaction. @default 5000 */
@@ -65,18 +76,26 @@ export interface FenceCleanup {
   run(options?: { dryRun?: boolean; maxBatches?: number; signal?: AbortSignal }): Promise<CleanupReport>;
 }
 
+type TtlBoundOptions = Pick<FenceCleanupOptions, "consumers" | "safetyMargin" | "transportHoldMs">;
+
+/** One consumer's share of the minimum TTL, with the numbers an error message names. */
+interface ConsumerTtlBound {
+  readonly consumer: FenceTtlConsumer;
+  readonly retryWindowMs: number;
+  readonly deferralHorizonMs: number;
+  readonly minimumMs: number;
+}
+
 /**
- * Refuses (InvalidConfigError naming the consumer and the numbers) a TTL that
- * a late retry or a message the transport still holds could outlive. Called
- * by createFenceCleanup; call it yourself to fail before opening anything.
+ * How long a copy of each consumer's jobs can stay away from the fence while
+ * another copy commits: a retry (within the retry window, times the margin
+ * for run times and redeliveries after a crash), a rate-limited wait (at most
+ * the deferral horizon), deferrals of a delivery whose handler could not start
+ * (not past the horizon after the job was due), and whatever the transport
+ * holds beyond these. Summed, which covers each of them with room to spare.
  */
-export function checkFenceTtl(
-  options: Pick<FenceCleanupOptions, "ttlMs" | "consumers" | "safetyMargin" | "transportHoldMs">,
-): void {
-  const { ttlMs } = options;
+function ttlBounds(options: TtlBoundOptions): ConsumerTtlBound[] {
   const margin = options.safetyMargin ?? 2;
-  if (!Number.isFinite(ttlMs) || ttlMs <= 0)
-    throw new InvalidConfigError(`fence cleanup: ttlMs must be a positive number, got ${ttlMs}`);
   if (!(margin >= 1)) throw new InvalidConfigError(`fence cleanup: safetyMargin must be at least 1, got ${margin}`);
   if (options.consumers.length === 0) {
     throw new InvalidConfigError(
@@ -86,16 +105,52 @@ export function checkFenceTtl(
   const hold = options.transportHoldMs ?? 0;
   if (!Number.isFinite(hold) || hold < 0)
     throw new InvalidConfigError(`fence cleanup: transportHoldMs must be >= 0, got ${hold}`);
-  for (const consumer of options.consumers) {
-    const window = maxRetryWindowMs(consumer.retryPolicy);
-    const minimum = window * margin + hold;
-    if (ttlMs < minimum) {
+  return options.consumers.map((consumer) => {
+    const retryWindowMs = maxRetryWindowMs(consumer.retryPolicy);
+    const deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
+    if (!(Number.isFinite(deferralHorizonMs) && deferralHorizonMs >= 0)) {
       throw new InvalidConfigError(
-        `fence cleanup: TTL ${ttlMs} ms is too short for consumer "${consumer.name}": its retries can span ${window} ms, ` +
-          `so the TTL must be at least ${margin} × ${window}${hold ? ` + ${hold} (transport hold)` : ""} = ${minimum} ms ` +
-          "(a late retry after the fence expired would apply the work twice)",
+        `fence cleanup: consumer "${consumer.name}" has no valid deferralHorizonMs (${deferralHorizonMs}); pass the consumer from defineConsumer`,
       );
     }
+    return { consumer, retryWindowMs, deferralHorizonMs, minimumMs: retryWindowMs * margin + deferralHorizonMs + hold };
+  });
+}
+
+/**
+ * The shortest TTL `checkFenceTtl` accepts for these consumers: for the one
+ * whose copies can come back latest, its retry window times `safetyMargin`,
+ * plus its deferral horizon, plus `transportHoldMs`.
+ */
+export function minimumFenceTtlMs(options: TtlBoundOptions): number {
+  return Math.max(...ttlBounds(options).map((b) => b.minimumMs));
+}
+
+/**
+ * Refuses (InvalidConfigError naming the consumer and the numbers) a TTL that
+ * a late copy of a job could outlive: a late retry, a job deferred up to its
+ * deferral horizon (a 429's Retry-After, a handler that could not start), or
+ * a message the transport still holds. Called by createFenceCleanup; call it
+ * yourself to fail before opening anything.
+ */
+export function checkFenceTtl(
+  options: Pick<FenceCleanupOptions, "ttlMs" | "consumers" | "safetyMargin" | "transportHoldMs">,
+): void {
+  const { ttlMs } = options;
+  if (!Number.isFinite(ttlMs) || ttlMs <= 0)
+    throw new InvalidConfigError(`fence cleanup: ttlMs must be a positive number, got ${ttlMs}`);
+  const margin = options.safetyMargin ?? 2;
+  const hold = options.transportHoldMs ?? 0;
+  // Named: the consumer that needs the longest TTL, so the minimum in the message is the one to configure.
+  const longest = ttlBounds(options).reduce((a, b) => (b.minimumMs > a.minimumMs ? b : a));
+  const { consumer, retryWindowMs: window, deferralHorizonMs: horizon, minimumMs } = longest;
+  if (ttlMs < minimumMs) {
+    throw new InvalidConfigError(
+      `fence cleanup: TTL ${ttlMs} ms is too short for consumer "${consumer.name}": its retries can span ${window} ms ` +
+        `and its deferrals (a rate limit's Retry-After, a handler that could not start) up to its deferral horizon of ${horizon} ms, ` +
+        `so the TTL must be at least ${margin} × ${window} + ${horizon} (deferral horizon)${hold ? ` + ${hold} (transport hold)` : ""} = ${minimumMs} ms ` +
+        "(a copy of the job delivered after its fence expired would apply the work twice)",
+    );
   }
 }
 

@@ -185,11 +185,10 @@ class InMemoryQueue implements MemoryQueue {
     const delayMs = nonNegative(opts?.delayMs ?? 0, "delayMs");
     const now = this.#clock.now();
     const id = randomUUID();
-    if (opts?.idempotencyKey !== undefined) {
-      const key = `${queue}\u0000${opts.idempotencyKey}`;
-      const seen = this.#dedup.get(key);
+    const dedupKey = opts?.idempotencyKey === undefined ? undefined : `${queue}\u0000${opts.idempotencyKey}`;
+    if (dedupKey !== undefined) {
+      const seen = this.#dedup.get(dedupKey);
       if (seen && seen.until > now) return { messageId: seen.messageId };
-      this.#dedup.set(key, { messageId: id, until: now + this.#dedupWindowMs });
     }
     const target = opts?.targetConsumer;
     const all = this.#subscriptions.get(queue) ?? [];
@@ -199,6 +198,9 @@ class InMemoryQueue implements MemoryQueue {
         `no consumer "${target}" is subscribed to "${queue}" here; the message would reach no one`,
       );
     }
+    // Recorded only once the message is accepted: a publish refused above
+    // must not make its corrected retry resolve with a message that never existed.
+    if (dedupKey !== undefined) this.#dedup.set(dedupKey, { messageId: id, until: now + this.#dedupWindowMs });
     const replay = opts?.replay === true;
     const copy = (): Message => ({
       id,

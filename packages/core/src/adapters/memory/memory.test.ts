@@ -149,6 +149,25 @@ describe("memory queue", () => {
     await queue.close();
   });
 
+  test("a publish refused for an unsubscribed targetConsumer records no idempotency key: its corrected retry is delivered (#9 item 2)", async () => {
+    const queue = createMemoryQueue({ clock: createManualClock() });
+    const a = scripted("q", () => ack, "a");
+    queue.subscribe(a.consumer);
+    const envelope = job();
+    await expect(queue.publish("q", envelope, { idempotencyKey: "k", targetConsumer: "typo" })).rejects.toThrow(
+      InvalidConfigError,
+    );
+    expect(queue.pending()).toBe(0);
+    const corrected = await queue.publish("q", envelope, { idempotencyKey: "k", targetConsumer: "a" });
+    await queue.drain();
+    expect(a.seen.map((d) => [d.messageId, d.body])).toEqual([[corrected.messageId, JSON.stringify(envelope)]]);
+    // Once accepted, the key suppresses a repeat as before.
+    const again = await queue.publish("q", envelope, { idempotencyKey: "k", targetConsumer: "a" });
+    expect(again.messageId).toBe(corrected.messageId);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
   test("each consumer of a queue gets its own copy; messages published before subscribing wait for the first one", async () => {
     const queue = createMemoryQueue({ clock: createManualClock() });
     await queue.publish("q", job());
