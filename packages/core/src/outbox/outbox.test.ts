@@ -2,7 +2,7 @@ import { fileURLToPath } from "node:url";
 import { runScript } from "@softcrum/testing";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
-import { afterAll, beforeEach, describe, expect, test } from "vitest";
+import { afterAll, beforeEach, describe, expect, test, vi } from "vitest";
 import { z } from "zod";
 import { effects, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
 import { createMemoryQueue, type DeliveryEvent } from "../adapters/memory/index.ts";
@@ -318,6 +318,52 @@ describe("the outbox relay", () => {
     await queue.drain();
     expect(outcomes()).toEqual(["success"]);
     expect(await outboxRows()).toEqual([expect.objectContaining({ published: true })]);
+  });
+
+  test("a delay and a target consumer written with the job reach the transport's publish options (#9 item 3)", async () => {
+    const delayed = notification(1);
+    const addressed = notification(2);
+    await pg.db.transaction(async (tx) => {
+      await outboxIn(tx).publish(NOTIFY_QUEUE, delayed, { delayMs: 60_000 });
+      await outboxIn(tx).publish(NOTIFY_QUEUE, addressed, { targetConsumer: "test.notify-partner" });
+    });
+    const seen: { jobId: string; opts: unknown }[] = [];
+    const recording: Pick<QueuePort, "publish"> = {
+      async publish(_queue, payload, opts) {
+        seen.push({ jobId: payload.job_id, opts });
+        return { messageId: null };
+      },
+    };
+    const relay = createOutboxRelay({ db: pg.db, queue: recording, logger: silentLogger });
+    expect(await relay.run()).toMatchObject({ published: 2 });
+    expect(seen).toEqual([
+      { jobId: delayed.job_id, opts: { delayMs: expect.any(Number) } },
+      { jobId: addressed.job_id, opts: { targetConsumer: "test.notify-partner" } },
+    ]);
+    const delayMs = (seen[0]?.opts as { delayMs: number }).delayMs;
+    // What is left of the minute, counted from the write.
+    expect(delayMs).toBeGreaterThan(50_000);
+    expect(delayMs).toBeLessThanOrEqual(60_000);
+  });
+
+  test("a started relay publishes rows committed elsewhere without being woken, until stopped (#9 item 3)", async () => {
+    const { queue, outcomes } = notifyQueue();
+    const relay = createOutboxRelay({ db: pg.db, queue, pollIntervalMs: 20, logger: silentLogger });
+    relay.start();
+    try {
+      // Another process's transaction: nobody wakes this relay for it.
+      await connect("outbox-other-producer", 1).transaction((tx) =>
+        outboxIn(tx).publish(NOTIFY_QUEUE, notification(3)),
+      );
+      await vi.waitFor(async () => expect(await outboxRows()).toEqual([expect.objectContaining({ published: true })]), {
+        timeout: 10_000,
+        interval: 20,
+      });
+    } finally {
+      await relay.stop();
+    }
+    await queue.drain();
+    expect(outcomes()).toEqual(["success"]);
   });
 
   test("prune deletes published rows past the retention and keeps unpublished ones (#9 item 3)", async () => {
