@@ -13,6 +13,13 @@
  *   lose its fences between invocations.
  * - otherwise: the in-process adapter.
  * Switching transports changes nothing outside this file.
+ *
+ * The module has two consumers: award-points credits and writes a partner
+ * notification to the transactional outbox in the same transaction;
+ * notify-partner calls the partner. The outbox relay publishes committed
+ * notifications through the same queue adapter: woken right after each
+ * credit commits, and polling (`outboxRelay.start()`, the worker does it)
+ * for anything a crashed or another process left behind.
  */
 import {
   type AlertPort,
@@ -33,12 +40,18 @@ import type {
   VercelWorkerOptions,
 } from "@softcrum/core/adapters/vercel";
 import { assertMigrated, coreMigrations, migrate, postgresJsSession, queryRowsSession } from "@softcrum/core/migrate";
-import { type AwardPointsOptions, createAwardPointsConsumer } from "./award-points.ts";
+import { createOutboxRelay, type OutboxRelay } from "@softcrum/core/outbox";
+import {
+  type AwardPointsOptions,
+  createAwardPointsConsumer,
+  createNotifyPartnerConsumer,
+  type NotifyPartnerOptions,
+} from "./award-points.ts";
 import { loyaltyMigrations } from "./migrations.ts";
 
 export type LoyaltyTransport = "memory" | "vercel";
 
-export interface LoyaltyModuleOptions extends AwardPointsOptions {
+export interface LoyaltyModuleOptions extends AwardPointsOptions, NotifyPartnerOptions {
   /** Postgres URL; `null` forces the embedded PGlite. @default process.env.DATABASE_URL, else PGlite */
   readonly databaseUrl?: string | null | undefined;
   /** Which queue adapter. @default process.env.SOFTCRUM_QUEUE, else "memory" */
@@ -60,12 +73,18 @@ interface LoyaltyModuleBase {
   readonly consumers: readonly Consumer[];
   /** The award-points consumer, bound to the database and ports. */
   readonly awardPoints: BoundConsumer;
+  /** The consumer that calls the partner for each committed credit. */
+  readonly notifyPartner: BoundConsumer;
+  /** Publishes committed outbox rows through `queue`; `start()` it in a long-running process. */
+  readonly outboxRelay: OutboxRelay;
   close(): Promise<void>;
 }
 
 export interface InProcessLoyaltyModule extends LoyaltyModuleBase {
   readonly transport: "memory";
   readonly queue: MemoryQueue;
+  /** Until the queue and the outbox are both empty: delivers, relays what that committed, delivers that. */
+  settle(): Promise<void>;
 }
 
 export interface VercelLoyaltyModule extends LoyaltyModuleBase {
@@ -73,8 +92,11 @@ export interface VercelLoyaltyModule extends LoyaltyModuleBase {
   readonly queue: VercelQueue;
   /** `export const POST = module.awardPointsRoute` in the route file vercel.json triggers. */
   readonly awardPointsRoute: (request: Request) => Promise<Response>;
+  /** `export const POST = module.notifyPartnerRoute` in the notifications topic's route file. */
+  readonly notifyPartnerRoute: (request: Request) => Promise<Response>;
   /** For a long-running process instead of push delivery. */
   startAwardPointsWorker(options?: VercelWorkerOptions): VercelWorker;
+  startNotifyPartnerWorker(options?: VercelWorkerOptions): VercelWorker;
 }
 
 export type LoyaltyModule = InProcessLoyaltyModule | VercelLoyaltyModule;
@@ -97,44 +119,70 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
   // Checked before opening the database, so a missing Vercel setting fails fast.
   const vercel = transport === "vercel" ? await openVercel(options) : undefined;
   const { db, database, closeDb } = url ? await openPostgres(url) : await openPglite();
-  const consumer = createAwardPointsConsumer(options);
-  const awardPoints = bindConsumer(consumer, {
+  const queue =
+    vercel ??
+    createMemoryQueue({
+      ...(options.clock ? { clock: options.clock } : {}),
+      concurrency: options.concurrency ?? 4,
+    });
+  const outboxRelay = createOutboxRelay({ db, queue, ...(options.logger ? { logger: options.logger } : {}) });
+  const deps = {
     db,
     ...(options.alerts ? { alerts: options.alerts } : {}),
     ...(options.metrics ? { metrics: options.metrics } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
     ...(options.clock ? { now: () => options.clock?.now() ?? Date.now() } : {}),
-  });
+  };
+  const awardConsumer = createAwardPointsConsumer(options);
+  const notifyConsumer = createNotifyPartnerConsumer(options);
+  // The credit's notification goes out as soon as the credit commits.
+  const awardPoints = bindConsumer(awardConsumer, { ...deps, outboxRelay });
+  const notifyPartner = bindConsumer(notifyConsumer, deps);
+  const consumers = [awardConsumer, notifyConsumer];
   if (vercel) {
     return {
       transport: "vercel",
       db,
       database,
-      consumers: [consumer],
+      consumers,
       awardPoints,
+      notifyPartner,
+      outboxRelay,
       queue: vercel,
       awardPointsRoute: vercel.pushHandler(awardPoints),
+      notifyPartnerRoute: vercel.pushHandler(notifyPartner),
       startAwardPointsWorker: (workerOptions) => vercel.startWorker(awardPoints, workerOptions),
+      startNotifyPartnerWorker: (workerOptions) => vercel.startWorker(notifyPartner, workerOptions),
       async close() {
+        await outboxRelay.stop();
         await vercel.close();
         await closeDb();
       },
     };
   }
-  const queue = createMemoryQueue({
-    ...(options.clock ? { clock: options.clock } : {}),
-    concurrency: options.concurrency ?? 4,
-  });
-  queue.subscribe(awardPoints);
+  const memory = queue as MemoryQueue;
+  memory.subscribe(awardPoints);
+  memory.subscribe(notifyPartner);
   return {
     transport: "memory",
     db,
     database,
-    consumers: [consumer],
+    consumers,
     awardPoints,
-    queue,
+    notifyPartner,
+    outboxRelay,
+    queue: memory,
+    async settle() {
+      for (;;) {
+        await memory.drain();
+        // Waits for any pass a commit woke, then relays whatever is left.
+        const relayed = await outboxRelay.run();
+        if (relayed.published === 0 && memory.pending() === 0) return;
+      }
+    },
     async close() {
-      await queue.close();
+      await outboxRelay.stop();
+      await memory.close();
       await closeDb();
     },
   };

@@ -1,8 +1,11 @@
 /**
  * The demo's job stream and its check. A stream with everything an
  * at-least-once queue brings: duplicates, transient failures, a job that never
- * succeeds, a business rejection and poison payloads. The summary compares the
- * final balances with the ones the stream should produce.
+ * succeeds, a business rejection and poison payloads. Each credit tells the
+ * partner through the transactional outbox: the partner's failures retry (or
+ * dead-letter) the notification, never the credit. The summary compares the
+ * final balances with the ones the stream should produce, and the partner's
+ * notifications with the credits.
  */
 import { createEnvelope, type DeliveryOutcome, deadLetters, type Envelope, type RetryPolicy } from "@softcrum/core";
 import type { DeliveryEvent } from "@softcrum/core/adapters/memory";
@@ -21,9 +24,15 @@ export const DEMO_RETRY_POLICY: RetryPolicy = { maxAttempts: 5, baseDelayMs: 80,
 
 const CLOSED_CUSTOMER = "c-closed";
 
-/** A partner that fails on purpose: `failuresByJob` says how many calls fail for a job before it answers. */
+/**
+ * A partner that fails on purpose: `failuresByJob` says how many calls fail
+ * for an award job before it answers. It counts what it applied, by
+ * idempotency key (as a real partner de-duplicates) and by award job.
+ */
 class DemoPartner implements PartnerNotifier {
   readonly notified = new Set<string>();
+  /** Award jobs the partner applied a notification for, with how many times: must be once each. */
+  readonly appliedByJob = new Map<string, number>();
   readonly #calls = new Map<string, number>();
   constructor(readonly failuresByJob: Map<string, number>) {}
 
@@ -32,7 +41,9 @@ class DemoPartner implements PartnerNotifier {
     this.#calls.set(input.idempotencyKey, calls);
     const failures = this.failuresByJob.get(input.jobId) ?? 0;
     if (calls <= failures) throw new Error(`partner statement service timed out (call ${calls})`);
+    if (this.notified.has(input.idempotencyKey)) return; // a repeat of an applied call
     this.notified.add(input.idempotencyKey);
+    this.appliedByJob.set(input.jobId, (this.appliedByJob.get(input.jobId) ?? 0) + 1);
   }
 }
 
@@ -41,6 +52,8 @@ export interface DemoSummary {
   readonly published: { readonly jobs: number; readonly duplicateCopies: number; readonly poison: number };
   readonly deliveries: number;
   readonly outcomes: Readonly<Record<DeliveryOutcome | "thrown", number>>;
+  /** The same outcomes per consumer (award-points, notify-partner), only those that happened. */
+  readonly outcomesByConsumer: Readonly<Record<string, Readonly<Record<string, number>>>>;
   readonly creditsApplied: number;
   readonly partnerNotifications: number;
   readonly deadLetters: Readonly<Record<string, number>>;
@@ -78,7 +91,8 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
     data: { customerId: CLOSED_CUSTOMER, points: 50, reason: "purchase" },
   });
   const pick = (i: number) => jobs[i]?.job_id ?? "";
-  // Three jobs fail twice then pass; one never passes (exhausts its 5 attempts).
+  // The partner refuses three notifications twice, then accepts them; it never
+  // accepts one (its notification exhausts 5 attempts; the credit stands).
   const failuresByJob = new Map([
     [pick(3), 2],
     [pick(11), 2],
@@ -120,11 +134,11 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
       }),
     );
     await module.queue.publishRaw(AWARD_POINTS_QUEUE, JSON.stringify({ ...jobs[0], job_id: uuidv4() }));
-    await module.queue.drain();
+    // Credits, then the notifications they committed to the outbox.
+    await module.settle();
 
     const expected = new Map<string, number>();
     for (const job of jobs) {
-      if (failuresByJob.get(job.job_id) === Number.POSITIVE_INFINITY) continue;
       const key = `${job.tenant_id}/${job.data.customerId}`;
       expected.set(key, (expected.get(key) ?? 0) + job.data.points);
     }
@@ -152,7 +166,13 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
       skipped: 0,
       thrown: 0,
     };
-    for (const event of events) outcomes[event.result.outcome] += 1;
+    const outcomesByConsumer: Record<string, Record<string, number>> = {};
+    for (const event of events) {
+      outcomes[event.result.outcome] += 1;
+      const mine = outcomesByConsumer[event.consumer] ?? {};
+      mine[event.result.outcome] = (mine[event.result.outcome] ?? 0) + 1;
+      outcomesByConsumer[event.consumer] = mine;
+    }
     const deadLetterCounts: Record<string, number> = {};
     for (const { errorClass } of letters) deadLetterCounts[errorClass] = (deadLetterCounts[errorClass] ?? 0) + 1;
 
@@ -163,11 +183,16 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
       })
       .filter((b) => b.points !== 0 || b.expected !== 0);
     const appliedOnce = new Set(ledgerRows.map((r) => r.jobId)).size === ledgerRows.length;
+    // Every credit was told to the partner exactly once, except the one it never accepts.
+    const credited = new Set(ledgerRows.map((r) => r.jobId));
+    const notifiedOnce =
+      [...partner.appliedByJob].every(([jobId, times]) => times === 1 && credited.has(jobId)) &&
+      partner.appliedByJob.size === credited.size - 1;
     const ok =
       appliedOnce &&
+      notifiedOnce &&
       balanceRows.length === expected.size &&
       balanceRows.every((b) => b.points === b.expected) &&
-      ledgerRows.length === partner.notified.size &&
       deadLetterCounts["exhausted"] === 1 &&
       deadLetterCounts["permanent"] === 1 &&
       deadLetterCounts["poison"] === 3;
@@ -176,6 +201,7 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
       published: { jobs: jobs.length + 1, duplicateCopies: 10, poison: 3 },
       deliveries: events.length,
       outcomes,
+      outcomesByConsumer,
       creditsApplied: ledgerRows.length,
       partnerNotifications: partner.notified.size,
       deadLetters: deadLetterCounts,

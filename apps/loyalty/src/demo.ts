@@ -18,7 +18,16 @@ const o = summary.outcomes;
 console.log(
   `outcomes    success ${o.success}, duplicate ${o.duplicate}, retry ${o.retry}, dead_lettered ${o.dead_lettered}, poison ${o.poison}`,
 );
-console.log(`credits     ${summary.creditsApplied} ledger rows, ${summary.partnerNotifications} partner notifications`);
+for (const [consumer, counts] of Object.entries(summary.outcomesByConsumer)) {
+  console.log(
+    `  ${pad(consumer, 24)} ${Object.entries(counts)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(", ")}`,
+  );
+}
+console.log(
+  `credits     ${summary.creditsApplied} ledger rows, ${summary.partnerNotifications} partner notifications (through the outbox, after each credit committed)`,
+);
 console.log(
   `dead letters ${Object.entries(summary.deadLetters)
     .map(([k, v]) => `${k} ${v}`)
@@ -33,8 +42,12 @@ for (const b of summary.balances) {
 }
 console.log("");
 if (summary.ok) {
-  console.log("OK: every balance grew by exactly the expected points; no job was applied twice.");
+  console.log(
+    "OK: every balance grew by exactly the expected points; no job was applied twice; the partner was told of each credit it accepted exactly once.",
+  );
 } else {
-  console.log("FAILED: balances differ from the expected ones, or a job was applied twice.");
+  console.log(
+    "FAILED: balances differ from the expected ones, a job was applied twice, or the partner's notifications do not match the credits.",
+  );
   process.exitCode = 1;
 }

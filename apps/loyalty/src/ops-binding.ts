@@ -36,8 +36,9 @@ export async function createOpsBinding(options: { databaseUrl: string }): Promis
     db: module.db,
     queue: module.queue,
     async close() {
-      // In-process: the module's consumers run here, let the replays finish.
-      if (module.transport === "memory") await module.queue.drain();
+      // In-process: the module's consumers run here, let the replays finish
+      // (and the partner notifications their credits wrote to the outbox).
+      if (module.transport === "memory") await module.settle();
       await module.close();
     },
   };

@@ -9,7 +9,9 @@
  * FENCE_TTL_HOURS (default 192 = 8 days) and FENCE_CLEANUP_EVERY_MINUTES
  * (default 15) tune the cleanup; a TTL shorter than twice a consumer's retry
  * window plus its deferral horizon (12 h by default; plus, on Vercel Queues,
- * the 7 days it may hold a message) is refused at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topic.
+ * the 7 days it may hold a message) is refused at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topics.
+ * It also runs the outbox relay, which publishes the partner notifications
+ * the credits committed (several workers may run it at once).
  * It runs until SIGINT or SIGTERM, then stops gracefully and exits 0 (a
  * second signal exits at once, with 1).
  */
@@ -23,7 +25,7 @@ import { createOtelMetrics } from "@softcrum/core/metrics/opentelemetry";
 import { cachedDepth, createOps, type Ops } from "@softcrum/core/ops";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
-import { createAwardPointsConsumer, type PartnerNotifier } from "./award-points.ts";
+import { createAwardPointsConsumer, createNotifyPartnerConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule, type LoyaltyModule } from "./composition-root.ts";
 
 export interface WorkerOptions {
@@ -48,7 +50,11 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   const transport = options.transport ?? (process.env["SOFTCRUM_QUEUE"] === "vercel" ? "vercel" : "memory");
   const transportHoldMs = transport === "vercel" ? VERCEL_HOLD_MS : 0;
   // Checked first: a TTL a late retry could outlive stops the worker before it opens or consumes anything.
-  checkFenceTtl({ ttlMs: options.fenceTtlMs, consumers: [createAwardPointsConsumer(options)], transportHoldMs });
+  checkFenceTtl({
+    ttlMs: options.fenceTtlMs,
+    consumers: [createAwardPointsConsumer(), createNotifyPartnerConsumer(options)],
+    transportHoldMs,
+  });
 
   const sourceToken = process.env["BETTERSTACK_SOURCE_TOKEN"];
   const databaseUrl = options.databaseUrl === undefined ? process.env["DATABASE_URL"] : options.databaseUrl;
@@ -87,11 +93,14 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   });
   // With Vercel Queues this process polls the topic; in-process, the module's
   // queue already delivers what this process publishes.
-  const poller = module.transport === "vercel" ? module.startAwardPointsWorker() : undefined;
+  const pollers =
+    module.transport === "vercel" ? [module.startAwardPointsWorker(), module.startNotifyPartnerWorker()] : [];
+  // Publishes what credits committed: woken after each, polling for what a crashed process left.
+  module.outboxRelay.start();
   return {
     module,
     async stop() {
-      await poller?.stop();
+      await Promise.all(pollers.map((poller) => poller.stop()));
       await schedule.stop();
       metrics.close();
       await module.close();

@@ -1,6 +1,6 @@
 import { expectTypeOf, test } from "vitest";
 import { z } from "zod";
-import { defineConsumer, type HandlerContext, type WorkTransaction } from "./index.ts";
+import { defineConsumer, type HandlerContext, type OutboxReceipt, type WorkTransaction } from "./index.ts";
 
 test("the handler's data is the output type of the consumer's schema", () => {
   defineConsumer({
@@ -13,6 +13,7 @@ test("the handler's data is the output type of the consumer's schema", () => {
       expectTypeOf(ctx).toEqualTypeOf<HandlerContext>();
       expectTypeOf(ctx.tx).toEqualTypeOf<WorkTransaction>();
       expectTypeOf(ctx.idempotencyKey).toBeString();
+      expectTypeOf(ctx.outbox.publish).returns.resolves.toEqualTypeOf<OutboxReceipt>();
     },
     orderingKey: (data) => data.customerId,
   });

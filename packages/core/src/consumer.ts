@@ -24,6 +24,7 @@ import {
 import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { LruMap } from "./lru-map.ts";
+import { createOutboxWriter, type Outbox } from "./outbox/writer.ts";
 import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
@@ -61,6 +62,12 @@ export interface HandlerContext {
    * and its connection destroyed; nothing written through `tx` afterwards runs.
    */
   readonly signal: AbortSignal;
+  /**
+   * Publishes jobs in this transaction (`core.outbox`): they reach their
+   * queue only once the work commits. Use it instead of calling a provider
+   * here; the provider call belongs in the consumer of that job.
+   */
+  readonly outbox: Outbox;
 }
 
 /** Default bound on one handler run; below the in-process adapter's default visibility timeout (30 s). */
@@ -190,6 +197,12 @@ export interface HarnessDeps {
    * @default true
    */
   readonly pipeline?: boolean;
+  /**
+   * The outbox relay to wake after a job that wrote to `ctx.outbox` commits,
+   * so its jobs go out at once rather than at the relay's next poll. Jobs
+   * that wrote nothing to the outbox never touch it. @default none (the relay polls)
+   */
+  readonly outboxRelay?: { wake(): void };
 }
 
 /** Binds a consumer to its database and ports; the result is what a transport adapter delivers to. */
@@ -289,6 +302,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #now: () => number;
   /** The consumer's `deferralHorizonMs`; the default for a consumer object made without it (not by defineConsumer). */
   readonly #deferralHorizonMs: number;
+  readonly #outboxRelay: { wake(): void } | undefined;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
   readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
 
@@ -308,6 +322,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#random = deps.random ?? Math.random;
     this.#now = deps.now ?? Date.now;
     this.#deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
+    this.#outboxRelay = deps.outboxRelay;
   }
 
   async deliver(delivery: Delivery): Promise<DeliveryResult> {
@@ -347,10 +362,14 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     // 2. Fence + work in one transaction.
     const started = performance.now();
     let ran: Awaited<ReturnType<RunInWorkTransaction>>;
+    let context: Context | undefined;
     try {
       ran = await this.#runInWorkTransaction(
         { jobId: envelope.job_id, consumer: consumer.name, lockKey, timeoutMs: consumer.timeoutMs },
-        (tx, signal) => consumer.handle(parsed.data, new Context(tx, envelope, attempt, consumer.name, signal)),
+        (tx, signal) => {
+          context = new Context(tx, envelope, attempt, consumer.name, signal);
+          return consumer.handle(parsed.data, context);
+        },
       );
     } catch (thrown) {
       const duration = performance.now() - started;
@@ -440,6 +459,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         errorClass: ran.errorClass,
       });
     }
+    // The jobs this one wrote to the outbox exist now: have them published.
+    if (ran.status === "committed" && context?.wroteOutbox) this.#outboxRelay?.wake();
     // 3. Duplicate: acknowledged silently, counted.
     const outcome = ran.status === "committed" ? "success" : "duplicate";
     this.#metrics.handlerDuration(duration, this.#attributes(outcome));
@@ -740,6 +761,9 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
 class Context implements HandlerContext {
   #idempotencyKey: string | undefined;
+  #outbox: Outbox | undefined;
+  /** Set by the first outbox write: the harness wakes the relay after the commit. */
+  wroteOutbox = false;
   constructor(
     readonly tx: WorkTransaction,
     readonly envelope: Envelope,
@@ -758,6 +782,14 @@ class Context implements HandlerContext {
       .update(`${this.envelope.job_id}\u0000${this.consumerName}`)
       .digest("hex");
     return this.#idempotencyKey;
+  }
+
+  // Created on first use, like the key: most handlers write nothing to the outbox.
+  get outbox(): Outbox {
+    this.#outbox ??= createOutboxWriter(this.tx, () => {
+      this.wroteOutbox = true;
+    });
+    return this.#outbox;
   }
 }
 

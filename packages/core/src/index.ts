@@ -32,6 +32,7 @@ export type {
   DeadLetterErrorClass,
   DeadLetterRow,
   DeadLetterStatus,
+  OutboxRow,
   ProcessedJobRow,
 } from "./db/schema.ts";
 export {
@@ -40,6 +41,7 @@ export {
   deadLetters,
   ERROR_CLASSES,
   LAST_ERROR_MAX,
+  outbox,
   processedJobs,
 } from "./db/schema.ts";
 export type { CreateEnvelopeInput, Envelope, EnvelopeCheck } from "./envelope.ts";
@@ -63,6 +65,8 @@ export {
   RateLimitedError,
   SoftcrumError,
 } from "./errors.ts";
+export type { Outbox, OutboxPublishOptions, OutboxReceipt } from "./outbox/writer.ts";
+export { outboxIn } from "./outbox/writer.ts";
 export type { AlertPort, DeadLetterAlert } from "./ports/alerts.ts";
 export { noopAlerts } from "./ports/alerts.ts";
 export type { Logger } from "./ports/logger.ts";

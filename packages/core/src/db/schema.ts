@@ -285,3 +285,52 @@ export const alertWindows = core.table(
 );
 
 export type AlertWindowRow = typeof alertWindows.$inferSelect;
+
+/**
+ * The transactional outbox (SPEC §4, side effects outside the database): jobs
+ * a handler (or any producer with a transaction) publishes *in* its
+ * transaction. A row exists only if that transaction committed; the relay
+ * (`@softcrum/core/outbox`) publishes it through a `QueuePort` afterwards and
+ * marks it published. At least once: a relay that dies between publishing
+ * and marking leaves the row to be published again, which the consumer's
+ * fence makes harmless (the envelope keeps its job_id).
+ */
+export const outbox = core.table(
+  "outbox",
+  {
+    /** uuidv7: rows are relayed in about the order they were written. */
+    id: uuid("id").primaryKey(),
+    queue: text("queue").notNull(),
+    /** The envelope as JSON text, validated when it was written. */
+    payload: text("payload").notNull(),
+    /** The envelope's job_id and kind, for operators looking at a stuck row. */
+    jobId: uuid("job_id").notNull(),
+    kind: text("kind").notNull(),
+    /** `PublishOptions.targetConsumer`; null for every consumer of the queue. */
+    targetConsumer: text("target_consumer"),
+    /** When the job should become deliverable (`delayMs` from the write); null for at once. */
+    deliverAfter: timestamp("deliver_after", { withTimezone: true }),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    /** The relay takes the row no earlier than this: moved forward after each failed publish. */
+    availableAt: timestamp("available_at", { withTimezone: true }).notNull().defaultNow(),
+    /** Publishes tried by relays that reached a result (a relay that crashed does not count). */
+    attempts: integer("attempts").notNull().default(0),
+    lastError: text("last_error"),
+    publishedAt: timestamp("published_at", { withTimezone: true }),
+    /** The transport's id for the published message, when it gives one. */
+    messageId: text("message_id"),
+  },
+  (t) => [
+    // The relay's scan: only unpublished rows, due first.
+    index("outbox_unpublished_idx").on(t.availableAt, t.id).where(sql`${t.publishedAt} is null`),
+    // The prune of published rows, oldest first.
+    index("outbox_published_idx").on(t.publishedAt).where(sql`${t.publishedAt} is not null`),
+    check("outbox_attempts_nonnegative", sql`${t.attempts} >= 0`),
+    check(
+      "outbox_last_error_bounded",
+      sql`${t.lastError} is null or char_length(${t.lastError}) <= ${sql.raw(String(LAST_ERROR_MAX))}`,
+    ),
+  ],
+);
+
+export type OutboxRow = typeof outbox.$inferSelect;

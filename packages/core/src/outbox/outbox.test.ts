@@ -1,0 +1,380 @@
+import { fileURLToPath } from "node:url";
+import { runScript } from "@softcrum/testing";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { afterAll, beforeEach, describe, expect, test, vi } from "vitest";
+import { z } from "zod";
+import { effects, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
+import { createMemoryQueue, type DeliveryEvent } from "../adapters/memory/index.ts";
+import { bindConsumer, defineConsumer } from "../consumer.ts";
+import { createEnvelope, type Envelope } from "../envelope.ts";
+import { InvalidEnvelopeError, isSoftcrumError } from "../errors.ts";
+import type { PublishReceipt, QueuePort } from "../queue-port.ts";
+import { createOutboxRelay } from "./index.ts";
+import { outboxIn } from "./writer.ts";
+
+const pg = useEffectsDatabase("outbox", "test_effects, core.processed_jobs, core.dead_letters, core.outbox");
+const closers: (() => Promise<unknown>)[] = [];
+afterAll(async () => {
+  await Promise.all(closers.splice(0).map((close) => close()));
+});
+beforeEach(() => {
+  silentLogger.lines.length = 0;
+});
+
+const NOTIFY_QUEUE = "test.notify";
+const NOTIFY_KIND = "partner.notify.v1";
+
+/** The consumer of the relayed jobs: one effect row per applied job (no unique key, so a double effect shows). */
+const notifyConsumer = defineConsumer({
+  name: "test.notify-partner",
+  queue: NOTIFY_QUEUE,
+  kind: NOTIFY_KIND,
+  schema: z.object({ customerId: z.string(), points: z.number() }),
+  async handle(data, { tx, envelope }) {
+    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "test.notify-partner", amount: data.points });
+  },
+});
+
+/** The producing consumer: credits, then publishes a notification job in its transaction, then maybe fails. */
+function awardConsumer(failAfterOutbox: boolean) {
+  return defineConsumer({
+    name: "test.award",
+    queue: "test.award",
+    kind: "points.award.v1",
+    schema: z.object({ customerId: z.string(), points: z.number() }),
+    async handle(data, { tx, envelope, outbox }) {
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "test.award", amount: data.points });
+      await outbox.publish(NOTIFY_QUEUE, notification(data.points, envelope.job_id));
+      if (failAfterOutbox) throw new Error("COMMIT never happens: the handler failed after writing the outbox");
+    },
+  });
+}
+
+function notification(points: number, correlationId?: string): Envelope {
+  return createEnvelope({
+    tenantId: "acme",
+    kind: NOTIFY_KIND,
+    data: { customerId: "c-1", points },
+    ...(correlationId ? { correlationId } : {}),
+  });
+}
+
+/** A pool of its own (closed after the file), named so a test can find and kill its backend. */
+function connect(applicationName: string, max = 2) {
+  const client = postgres(pg.url, { max, onnotice: () => {}, connection: { application_name: applicationName } });
+  closers.push(() => client.end({ timeout: 5 }));
+  return drizzle({ client });
+}
+
+async function outboxRows() {
+  return pg.sql<{ job_id: string; published: boolean; attempts: number; last_error: string | null }[]>`
+    select job_id, published_at is not null as published, attempts, last_error from core.outbox order by id`;
+}
+
+async function effectsOf(consumer: string) {
+  const [row] = await pg.sql<{ n: number; jobs: number }[]>`
+    select count(*)::int as n, count(distinct job_id)::int as jobs from test_effects where consumer = ${consumer}`;
+  return row;
+}
+
+/** A memory queue with the notify consumer subscribed, recording outcomes. */
+function notifyQueue() {
+  const queue = createMemoryQueue({ concurrency: 2 });
+  closers.push(() => queue.close());
+  queue.subscribe(bindConsumer(notifyConsumer, { db: pg.db, logger: silentLogger }));
+  const events: DeliveryEvent[] = [];
+  queue.onDelivery((event) => events.push(event));
+  const outcomes = () => events.map((e) => e.result.outcome).sort();
+  return { queue, outcomes };
+}
+
+describe("writing to the outbox", () => {
+  test("a handler's outbox job exists once its work commits, and the harness wakes the relay for it (#9 item 3)", async () => {
+    let wakes = 0;
+    const bound = bindConsumer(awardConsumer(false), {
+      db: pg.db,
+      logger: silentLogger,
+      outboxRelay: { wake: () => (wakes += 1) },
+    });
+    const job = createEnvelope({ tenantId: "acme", kind: "points.award.v1", data: { customerId: "c-1", points: 5 } });
+    const result = await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 });
+    expect(result.outcome).toBe("success");
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: false, attempts: 0 })]);
+    expect(wakes).toBe(1);
+
+    // A duplicate runs nothing, writes nothing and wakes nothing.
+    expect((await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).outcome).toBe("duplicate");
+    expect(await outboxRows()).toHaveLength(1);
+    expect(wakes).toBe(1);
+  });
+
+  test("a rolled-back handler leaves no outbox row, and its relay is not woken (#9 item 3)", async () => {
+    let wakes = 0;
+    const bound = bindConsumer(awardConsumer(true), {
+      db: pg.db,
+      logger: silentLogger,
+      outboxRelay: { wake: () => (wakes += 1) },
+    });
+    const job = createEnvelope({ tenantId: "acme", kind: "points.award.v1", data: { customerId: "c-1", points: 5 } });
+    const result = await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 });
+    expect(result.outcome).toBe("retry");
+    expect(await outboxRows()).toEqual([]);
+    expect(await effectsOf("test.award")).toEqual({ n: 0, jobs: 0 });
+    expect(wakes).toBe(0);
+  });
+
+  test("an invalid envelope is refused at enqueue with InvalidEnvelopeError and writes no row (#9 item 3)", async () => {
+    const valid = notification(5);
+    const invalid = [
+      { ...valid, job_id: "0b7c7a3e-4f1d-4c1e-9d57-0c9f3d1a2b3c" }, // UUID v4
+      { ...valid, tenant_id: "" },
+      { ...valid, kind: "has spaces" },
+      { job_id: valid.job_id },
+    ];
+    for (const envelope of invalid) {
+      const thrown = await pg.db
+        .transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, envelope as Envelope))
+        .catch((e: unknown) => e);
+      expect(thrown).toBeInstanceOf(InvalidEnvelopeError);
+      expect(isSoftcrumError(thrown, "INVALID_ENVELOPE")).toBe(true);
+    }
+    // And inside a handler: the handler's publish throws, the work rolls back.
+    const producer = defineConsumer({
+      name: "test.bad-producer",
+      queue: "test.award",
+      kind: "points.award.v1",
+      schema: z.unknown(),
+      async handle(_data, { outbox }) {
+        await outbox.publish(NOTIFY_QUEUE, { ...valid, job_id: "not-a-uuid" });
+      },
+    });
+    const result = await bindConsumer(producer, { db: pg.db, logger: silentLogger }).deliver({
+      body: JSON.stringify(createEnvelope({ tenantId: "acme", kind: "points.award.v1", data: {} })),
+      deliveryCount: 1,
+    });
+    expect(result).toMatchObject({ outcome: "retry", error: expect.stringMatching(/InvalidEnvelopeError.*job_id/) });
+    expect(await outboxRows()).toEqual([]);
+  });
+});
+
+describe("the outbox relay", () => {
+  test("publishes committed rows once, with the envelope unchanged, and the consumer applies each once (#9 item 3)", async () => {
+    const sent = [notification(1), notification(2), notification(3)];
+    await pg.db.transaction(async (tx) => {
+      for (const envelope of sent) await outboxIn(tx).publish(NOTIFY_QUEUE, envelope);
+    });
+    const { queue, outcomes } = notifyQueue();
+    const relay = createOutboxRelay({ db: pg.db, queue, logger: silentLogger });
+    expect(await relay.run()).toEqual({ published: 3, failed: 0, batches: 1 });
+    expect(await relay.run()).toEqual({ published: 0, failed: 0, batches: 1 });
+    await queue.drain();
+    expect(outcomes()).toEqual(["success", "success", "success"]);
+    expect(await effectsOf("test.notify-partner")).toEqual({ n: 3, jobs: 3 });
+    const rows = await pg.sql<{ job_id: string; published: boolean; message_id: string | null }[]>`
+      select job_id, published_at is not null as published, message_id from core.outbox order by id`;
+    expect(rows.map((r) => r.job_id)).toEqual(sent.map((e) => e.job_id));
+    expect(rows.every((r) => r.published && r.message_id !== null)).toBe(true);
+  });
+
+  test("a relay SIGKILLed after publishing and before marking: the next relay publishes again and the fence applies it once (#9 item 3)", async () => {
+    const sent = notification(7);
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, sent));
+
+    const script = fileURLToPath(new URL("../../test/outbox-relay-process.ts", import.meta.url));
+    const crashed = await runScript(script, [pg.url]);
+    expect(crashed.code).toBeNull(); // killed by its signal, not exited
+    expect(crashed.stdout).not.toContain("NOT KILLED");
+    const line = crashed.stdout.split("\n").find((l) => l.startsWith("PUBLISHED "));
+    expect(line).toBeDefined();
+    const [, publishedQueue, ...body] = (line ?? "").split(" ");
+    // The message went out; the row was never marked.
+    expect(publishedQueue).toBe(NOTIFY_QUEUE);
+    expect(JSON.parse(body.join(" "))).toEqual(sent);
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: false, attempts: 0 })]);
+
+    const { queue, outcomes } = notifyQueue();
+    // The copy the dead relay published is in the transport...
+    await queue.publish(NOTIFY_QUEUE, JSON.parse(body.join(" ")));
+    // ...and the next relay publishes the row again.
+    const relay = createOutboxRelay({ db: pg.db, queue, logger: silentLogger });
+    expect(await relay.run()).toMatchObject({ published: 1, failed: 0 });
+    await queue.drain();
+    expect(outcomes()).toEqual(["duplicate", "success"]);
+    expect(await effectsOf("test.notify-partner")).toEqual({ n: 1, jobs: 1 });
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: true, attempts: 1 })]);
+  });
+
+  test("a relay whose connection dies after publishing and before COMMIT: republished, applied once (#9 item 3)", async () => {
+    const sent = notification(9);
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, sent));
+    const { queue, outcomes } = notifyQueue();
+    let killed = false;
+    const killingPort: Pick<QueuePort, "publish"> = {
+      async publish(name, payload, opts): Promise<PublishReceipt> {
+        const receipt = await queue.publish(name, payload, opts);
+        if (!killed) {
+          killed = true;
+          await pg.sql`select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'outbox-relay-dies'`;
+        }
+        return receipt;
+      },
+    };
+    const dying = createOutboxRelay({ db: connect("outbox-relay-dies", 1), queue: killingPort, logger: silentLogger });
+    await expect(dying.run()).rejects.toThrow();
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: false })]);
+
+    const relay = createOutboxRelay({ db: pg.db, queue, logger: silentLogger });
+    expect(await relay.run()).toMatchObject({ published: 1 });
+    await queue.drain();
+    expect(outcomes()).toEqual(["duplicate", "success"]);
+    expect(await effectsOf("test.notify-partner")).toEqual({ n: 1, jobs: 1 });
+  });
+
+  test("a failed publish keeps the row with its error and a later retry time; it goes out once the transport is back (#9 item 3)", async () => {
+    const sent = notification(4);
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, sent));
+    const { queue, outcomes } = notifyQueue();
+    let down = true;
+    const flaky: Pick<QueuePort, "publish"> = {
+      publish: (name, payload, opts) =>
+        down ? Promise.reject(new Error("queue service unavailable")) : queue.publish(name, payload, opts),
+    };
+    const relay = createOutboxRelay({ db: pg.db, queue: flaky, logger: silentLogger, random: () => 0 });
+    expect(await relay.run()).toMatchObject({ published: 0, failed: 1 });
+    expect(await outboxRows()).toEqual([
+      expect.objectContaining({ published: false, attempts: 1, last_error: "Error: queue service unavailable" }),
+    ]);
+    // Not due again before its backoff.
+    expect(await relay.run()).toMatchObject({ published: 0, failed: 0 });
+    down = false;
+    await pg.sql`update core.outbox set available_at = now()`;
+    expect(await relay.run()).toMatchObject({ published: 1, failed: 0 });
+    await queue.drain();
+    expect(outcomes()).toEqual(["success"]);
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: true, attempts: 2, last_error: null })]);
+  });
+
+  test("two relays at once publish every row exactly once, each taking its own rows (#9 item 3)", async () => {
+    const total = 20;
+    const sent = Array.from({ length: total }, (_, i) => notification(i + 1));
+    await pg.db.transaction(async (tx) => {
+      for (const envelope of sent) await outboxIn(tx).publish(NOTIFY_QUEUE, envelope);
+    });
+    const published = new Map<string, string[]>();
+    // The first publish of each relay waits until both relays hold a batch:
+    // the two transactions' row locks overlap in time.
+    let waiting = 0;
+    let release: () => void = () => {};
+    const bothHoldABatch = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const port = (relayName: string): Pick<QueuePort, "publish"> => {
+      let first = true;
+      return {
+        async publish(_queue, payload) {
+          if (first) {
+            first = false;
+            waiting += 1;
+            if (waiting === 2) release();
+            await bothHoldABatch;
+          }
+          published.set(payload.job_id, [...(published.get(payload.job_id) ?? []), relayName]);
+          return { messageId: null };
+        },
+      };
+    };
+    const a = createOutboxRelay({
+      db: connect("outbox-relay-a"),
+      queue: port("a"),
+      batchSize: 5,
+      logger: silentLogger,
+    });
+    const b = createOutboxRelay({
+      db: connect("outbox-relay-b"),
+      queue: port("b"),
+      batchSize: 5,
+      logger: silentLogger,
+    });
+    const [ra, rb] = await Promise.all([a.run(), b.run()]);
+
+    expect(ra.published + rb.published).toBe(total);
+    expect(ra.published).toBeGreaterThan(0);
+    expect(rb.published).toBeGreaterThan(0);
+    expect(published.size).toBe(total);
+    expect([...published.values()].every((by) => by.length === 1)).toBe(true);
+    expect((await outboxRows()).every((r) => r.published && r.attempts === 1)).toBe(true);
+  });
+
+  test("wake() runs a pass in the background; run() after it sees its result; stop() waits for it (#9 item 3)", async () => {
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, notification(1)));
+    const { queue, outcomes } = notifyQueue();
+    const relay = createOutboxRelay({ db: pg.db, queue, logger: silentLogger });
+    relay.wake();
+    relay.wake(); // coalesced with the first
+    // Passes never overlap: this one runs after the woken one and finds nothing left.
+    expect(await relay.run()).toMatchObject({ published: 0 });
+    await relay.stop();
+    await queue.drain();
+    expect(outcomes()).toEqual(["success"]);
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: true })]);
+  });
+
+  test("a delay and a target consumer written with the job reach the transport's publish options (#9 item 3)", async () => {
+    const delayed = notification(1);
+    const addressed = notification(2);
+    await pg.db.transaction(async (tx) => {
+      await outboxIn(tx).publish(NOTIFY_QUEUE, delayed, { delayMs: 60_000 });
+      await outboxIn(tx).publish(NOTIFY_QUEUE, addressed, { targetConsumer: "test.notify-partner" });
+    });
+    const seen: { jobId: string; opts: unknown }[] = [];
+    const recording: Pick<QueuePort, "publish"> = {
+      async publish(_queue, payload, opts) {
+        seen.push({ jobId: payload.job_id, opts });
+        return { messageId: null };
+      },
+    };
+    const relay = createOutboxRelay({ db: pg.db, queue: recording, logger: silentLogger });
+    expect(await relay.run()).toMatchObject({ published: 2 });
+    expect(seen).toEqual([
+      { jobId: delayed.job_id, opts: { delayMs: expect.any(Number) } },
+      { jobId: addressed.job_id, opts: { targetConsumer: "test.notify-partner" } },
+    ]);
+    const delayMs = (seen[0]?.opts as { delayMs?: number } | undefined)?.delayMs ?? 0;
+    // What is left of the minute, counted from the write.
+    expect(delayMs).toBeGreaterThan(50_000);
+    expect(delayMs).toBeLessThanOrEqual(60_000);
+  });
+
+  test("a started relay publishes rows committed elsewhere without being woken, until stopped (#9 item 3)", async () => {
+    const { queue, outcomes } = notifyQueue();
+    const relay = createOutboxRelay({ db: pg.db, queue, pollIntervalMs: 20, logger: silentLogger });
+    relay.start();
+    try {
+      // Another process's transaction: nobody wakes this relay for it.
+      await connect("outbox-other-producer", 1).transaction((tx) =>
+        outboxIn(tx).publish(NOTIFY_QUEUE, notification(3)),
+      );
+      await vi.waitFor(async () => expect(await outboxRows()).toEqual([expect.objectContaining({ published: true })]), {
+        timeout: 10_000,
+        interval: 20,
+      });
+    } finally {
+      await relay.stop();
+    }
+    await queue.drain();
+    expect(outcomes()).toEqual(["success"]);
+  });
+
+  test("prune deletes published rows past the retention and keeps unpublished ones (#9 item 3)", async () => {
+    await pg.db.transaction(async (tx) => {
+      await outboxIn(tx).publish(NOTIFY_QUEUE, notification(1));
+      await outboxIn(tx).publish(NOTIFY_QUEUE, notification(2));
+    });
+    await pg.sql`update core.outbox set published_at = now() - interval '2 days'
+                 where id = (select id from core.outbox order by id limit 1)`;
+    const relay = createOutboxRelay({ db: pg.db, queue: notifyQueue().queue, logger: silentLogger });
+    expect(await relay.prune()).toBe(1);
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: false })]);
+  });
+});

@@ -1,0 +1,271 @@
+/**
+ * The outbox relay: publishes committed `core.outbox` rows through a
+ * `QueuePort` and marks them published.
+ *
+ * Each batch is one short transaction that locks up to `batchSize` due rows
+ * with FOR UPDATE SKIP LOCKED, publishes them, and marks them in the same
+ * transaction. So several relays (one per worker process) share the work
+ * without waiting on each other or publishing the same row twice in normal
+ * operation. Delivery is at least once: a relay that dies after publishing
+ * and before its COMMIT leaves the rows unmarked, and the next relay
+ * publishes them again — the copy carries the same job_id, so the consuming
+ * harness's fence turns it into a `duplicate`. A publish that fails is
+ * retried later with growing backoff (the row's `available_at`); nothing is
+ * ever dropped.
+ */
+import { sql } from "drizzle-orm";
+import type { AnyPgDatabase } from "../consumer.ts";
+import { LAST_ERROR_MAX } from "../db/schema.ts";
+import { describeError } from "../errors.ts";
+import { rowsOf } from "../ops/operations.ts";
+import { consoleLogger, type Logger } from "../ports/logger.ts";
+import type { PublishOptions, QueuePort } from "../queue-port.ts";
+import { deferralDelayMs } from "../retry.ts";
+import { nonNegative, positiveInteger } from "../validate.ts";
+
+export interface OutboxRelayOptions {
+  readonly db: AnyPgDatabase;
+  /** Where the rows are published. */
+  readonly queue: Pick<QueuePort, "publish">;
+  /** Rows locked and published per transaction. @default 100 */
+  readonly batchSize?: number;
+  /**
+   * Longest one publish may take before the relay counts it as failed and
+   * moves on (the batch's transaction, and its row locks, stay short). A
+   * publish that still lands afterwards is published again later: a
+   * duplicate the consumer's fence absorbs. @default 10_000
+   */
+  readonly publishTimeoutMs?: number;
+  /** How often `start()` looks for rows nobody woke it for (another process's, a failed publish's retry). @default 1_000 */
+  readonly pollIntervalMs?: number;
+  /** Published rows are kept this long (for inspection), then pruned by the running relay. @default 86_400_000 (24 h) */
+  readonly keepPublishedMs?: number;
+  /** @default console */
+  readonly logger?: Logger;
+  /** Source of jitter for the retry backoff, in [0, 1). @default Math.random */
+  readonly random?: () => number;
+}
+
+export interface OutboxRelayReport {
+  /** Rows published and marked. */
+  readonly published: number;
+  /** Rows whose publish failed; each comes back after a backoff. */
+  readonly failed: number;
+  /** Transactions run. */
+  readonly batches: number;
+}
+
+export interface OutboxRelay {
+  /**
+   * Publishes every due row, batch after batch, until a batch comes back
+   * short (or `maxBatches`). Passes of one relay never overlap: a call waits
+   * for the pass in progress, then runs its own, so it sees everything
+   * committed before it was called. Throws when the database fails (rows
+   * already published but not marked are published again by a later pass).
+   */
+  run(options?: { maxBatches?: number }): Promise<OutboxRelayReport>;
+  /**
+   * Asks for a pass soon, in the background (coalesced: a wake while a pass
+   * is queued adds nothing). The harness calls it after a job that wrote to
+   * the outbox commits (`HarnessDeps.outboxRelay`). Never throws.
+   */
+  wake(): void;
+  /** Polls every `pollIntervalMs` (and prunes published rows now and then) until `stop()`. */
+  start(): void;
+  /** Stops polling and waking, and waits for the pass in progress. */
+  stop(): Promise<void>;
+  /** Deletes published rows older than `keepPublishedMs`, in bounded batches; returns how many. */
+  prune(): Promise<number>;
+}
+
+/** Backoff of a row whose publish failed: from about a second, doubling, up to 5 minutes. */
+const FAILED_PUBLISH_BACKOFF = { baseMs: 1_000, capMs: 300_000 } as const;
+const PRUNE_EVERY_MS = 3_600_000;
+const PRUNE_BATCH = 5_000;
+
+interface DueRow {
+  id: string;
+  queue: string;
+  payload: string;
+  target_consumer: string | null;
+  delay_ms: number | string | null;
+  attempts: number;
+}
+
+export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
+  return new Relay(options);
+}
+
+class Relay implements OutboxRelay {
+  readonly #db: AnyPgDatabase;
+  readonly #queue: Pick<QueuePort, "publish">;
+  readonly #batchSize: number;
+  readonly #publishTimeoutMs: number;
+  readonly #pollIntervalMs: number;
+  readonly #keepPublishedMs: number;
+  readonly #logger: Logger;
+  readonly #random: () => number;
+  /** The tail of the chain of passes: each starts when the previous one settled. */
+  #tail: Promise<unknown> = Promise.resolve();
+  #wakeQueued = false;
+  #stopped = false;
+  #timer: NodeJS.Timeout | undefined;
+  #lastPrune = 0;
+
+  constructor(options: OutboxRelayOptions) {
+    this.#db = options.db;
+    this.#queue = options.queue;
+    this.#batchSize = positiveInteger(options.batchSize ?? 100, "outbox relay batchSize");
+    this.#publishTimeoutMs = positiveInteger(options.publishTimeoutMs ?? 10_000, "outbox relay publishTimeoutMs");
+    this.#pollIntervalMs = positiveInteger(options.pollIntervalMs ?? 1_000, "outbox relay pollIntervalMs");
+    this.#keepPublishedMs = nonNegative(options.keepPublishedMs ?? 86_400_000, "outbox relay keepPublishedMs");
+    this.#logger = options.logger ?? consoleLogger;
+    this.#random = options.random ?? Math.random;
+  }
+
+  run(options: { maxBatches?: number } = {}): Promise<OutboxRelayReport> {
+    return this.#enqueue(() => this.#pass(options.maxBatches));
+  }
+
+  wake(): void {
+    if (this.#stopped || this.#wakeQueued) return;
+    this.#wakeQueued = true;
+    this.#enqueue(() => {
+      this.#wakeQueued = false;
+      return this.#stopped ? Promise.resolve(undefined) : this.#pass(undefined);
+    }).catch((thrown: unknown) => {
+      this.#logger.warn(`outbox relay pass failed (the next pass retries): ${describeError(thrown)}`);
+    });
+  }
+
+  start(): void {
+    if (this.#stopped || this.#timer) return;
+    this.#timer = setInterval(() => {
+      this.wake();
+      if (Date.now() - this.#lastPrune >= PRUNE_EVERY_MS) {
+        this.#lastPrune = Date.now();
+        this.#enqueue(() => this.prune()).catch((thrown: unknown) => {
+          this.#logger.warn(`outbox prune failed (the next one retries): ${describeError(thrown)}`);
+        });
+      }
+    }, this.#pollIntervalMs);
+    this.#timer.unref();
+    this.wake();
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    if (this.#timer) clearInterval(this.#timer);
+    this.#timer = undefined;
+    await this.#tail;
+  }
+
+  async prune(): Promise<number> {
+    let pruned = 0;
+    for (;;) {
+      const result = await this.#db.execute(sql`
+        with victim as (
+          select id from core.outbox
+          where published_at is not null
+            and published_at < now() - make_interval(secs => ${this.#keepPublishedMs / 1000})
+          order by published_at
+          limit ${PRUNE_BATCH}
+          for update skip locked
+        )
+        delete from core.outbox o using victim where o.id = victim.id
+        returning 1`);
+      const n = rowsOf(result).length;
+      pruned += n;
+      if (n < PRUNE_BATCH || this.#stopped) return pruned;
+    }
+  }
+
+  #enqueue<T>(pass: () => Promise<T>): Promise<T> {
+    const next = this.#tail.then(pass);
+    this.#tail = next.catch(() => {});
+    return next;
+  }
+
+  async #pass(maxBatches: number | undefined): Promise<OutboxRelayReport> {
+    let published = 0;
+    let failed = 0;
+    let batches = 0;
+    for (;;) {
+      if (maxBatches !== undefined && batches >= maxBatches) break;
+      const batch = await this.#batch();
+      batches += 1;
+      published += batch.published;
+      failed += batch.failed;
+      if (batch.locked < this.#batchSize || this.#stopped) break;
+    }
+    return { published, failed, batches };
+  }
+
+  /** One transaction: lock due rows, publish each, mark what was published, push back what failed. */
+  #batch(): Promise<{ locked: number; published: number; failed: number }> {
+    return this.#db.transaction(async (tx) => {
+      const rows = rowsOf<DueRow>(
+        await tx.execute(sql`
+          select id, queue, payload, target_consumer, attempts,
+                 greatest(0, ceil(extract(epoch from (deliver_after - clock_timestamp())) * 1000))::float8 as delay_ms
+          from core.outbox
+          where published_at is null and available_at <= now()
+          order by available_at, id
+          limit ${this.#batchSize}
+          for update skip locked`),
+      );
+      const marked: { id: string; message_id: string | null }[] = [];
+      let failed = 0;
+      for (const row of rows) {
+        try {
+          const receipt = await this.#publish(row);
+          marked.push({ id: row.id, message_id: receipt?.messageId ?? null });
+        } catch (thrown) {
+          failed += 1;
+          const error = describeError(thrown).slice(0, LAST_ERROR_MAX);
+          const delayMs = deferralDelayMs(row.attempts, FAILED_PUBLISH_BACKOFF, this.#random);
+          this.#logger.warn(`outbox relay: publishing row ${row.id} to "${row.queue}" failed: ${error}`, {
+            outboxId: row.id,
+            queue: row.queue,
+            attempts: row.attempts + 1,
+            retryInMs: delayMs,
+          });
+          await tx.execute(sql`
+            update core.outbox
+            set attempts = attempts + 1, last_error = ${error},
+                available_at = clock_timestamp() + make_interval(secs => ${delayMs / 1000})
+            where id = ${row.id}`);
+        }
+      }
+      if (marked.length > 0) {
+        await tx.execute(sql`
+          update core.outbox o
+          set published_at = now(), attempts = o.attempts + 1, last_error = null, message_id = u.message_id
+          from jsonb_to_recordset(${JSON.stringify(marked)}::jsonb) as u(id uuid, message_id text)
+          where o.id = u.id`);
+      }
+      return { locked: rows.length, published: marked.length, failed };
+    });
+  }
+
+  async #publish(row: DueRow) {
+    const delayMs = Number(row.delay_ms ?? 0);
+    const opts: PublishOptions = {
+      ...(delayMs > 0 ? { delayMs } : {}),
+      ...(row.target_consumer !== null ? { targetConsumer: row.target_consumer } : {}),
+    };
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`publish did not settle within ${this.#publishTimeoutMs} ms`)),
+        this.#publishTimeoutMs,
+      );
+    });
+    try {
+      // The payload was validated when it was written; the port validates it again.
+      return await Promise.race([this.#queue.publish(row.queue, JSON.parse(row.payload), opts), timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
