@@ -289,7 +289,7 @@ describe("alerts never carry payload values (#8 item 14)", () => {
       constraint: "test_customers_email_key",
       table: "test_customers",
       error:
-        'PermanentError: customer import refused: duplicate key value violates unique constraint "test_customers_email_key". Key (email)=(<redacted>) already exists.',
+        'PermanentError: customer import refused: duplicate key value violates unique constraint "test_customers_email_key". Key (email)=(<redacted>) already exists. ← caused by PostgresError [query: insert into test_customers (email) values ($1)]',
     });
     expect(JSON.stringify(ingest.logs)).not.toContain("jane.doe");
   });
