@@ -11,6 +11,8 @@ import postgres from "postgres";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
 import { recordingMetrics, silentLogger } from "../../../test/fixtures.ts";
+import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
+import { toVercelTopic } from "../../adapters/vercel/index.ts";
 import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
 import { createEnvelope } from "../../envelope.ts";
 import { PermanentError } from "../../errors.ts";
@@ -457,5 +459,111 @@ describe("one alert per failure mode per window across the fleet (#8 item 15)", 
     await nowhere.end();
     expect(ingest.logs.filter((l) => l["error_class"] === "expired")).toHaveLength(1);
     await Promise.all([first.close(), second.close()]);
+  });
+});
+
+describe("alerts are delivered before a serverless invocation answers (#9 item 8)", () => {
+  let harness: VercelHarness | undefined;
+  afterEach(async () => {
+    await harness?.close();
+    harness = undefined;
+  });
+
+  /** The SDK would hold these logs for a minute: only a flush delivers them before the response. */
+  const slowBatches = { batchInterval: 60_000, retryCount: 0 };
+  const unreported = async () =>
+    (await pg.sql<{ n: number }[]>`select coalesce(sum(unreported), 0)::int as n from core.alert_windows`)[0]?.n;
+  let seq = 0;
+  const refusing = (reason: string) => {
+    seq += 1;
+    return defineConsumer({
+      name: `serverless.c${seq}`,
+      queue: `serverless.q${seq}`,
+      kind: "account.sync.v1",
+      schema: z.object({ account: z.string() }),
+      handle: async (data) => {
+        throw new PermanentError(`${reason} ${data.account}`);
+      },
+    });
+  };
+  const job = (account: string) => createEnvelope({ tenantId: "acme", kind: "account.sync.v1", data: { account } });
+
+  test("the push route answers only once its letter's alert reached BetterStack, and coalesced letters are counted in Postgres by then; a later invocation reports a count its process never summarized (#9 item 8)", async () => {
+    harness = await vercelHarness("push");
+    const h = harness;
+    let clock = Date.parse("2026-01-01T00:00:00Z");
+    const shared = pg.connect({ max: 2 }).db;
+    const alertsFor = () =>
+      alertsTo(endpoint, { db: shared, coalesceWindowMs: 60_000, now: () => clock, sdkOptions: slowBatches });
+    /** What BetterStack and the table held when each response returned. */
+    const atResponse: { status: number; logs: number; unreported: number | undefined }[] = [];
+    const route = (consumer: ReturnType<typeof refusing>, alerts: ReturnType<typeof alertsFor>) => {
+      const handler = h.queue.pushHandler(bindConsumer(consumer, { db: pg.db, alerts, logger: silentLogger }));
+      h.fake.subscribePush(
+        toVercelTopic(consumer.queue),
+        async (request) => {
+          const response = await handler(request);
+          atResponse.push({ status: response.status, logs: ingest.logs.length, unreported: await unreported() });
+          return response;
+        },
+        { group: `route_${toVercelTopic(consumer.name)}` },
+      );
+    };
+
+    // One function instance: three letters of one failure mode, one request each.
+    const closedAccounts = refusing("account closed:");
+    const first = alertsFor();
+    route(closedAccounts, first);
+    for (const account of ["acc-1001", "acc-2002", "acc-3003"]) {
+      await h.queue.publish(closedAccounts.queue, job(account));
+    }
+    await h.fake.dispatch({ concurrency: 1 });
+    expect(atResponse).toEqual([
+      { status: 200, logs: 1, unreported: 0 },
+      { status: 200, logs: 1, unreported: 1 },
+      { status: 200, logs: 1, unreported: 2 },
+    ]);
+    expect(ingest.logs[0]).toMatchObject({ softcrum_alert: "dead_letter", error_class: "permanent" });
+
+    // That instance is gone (never closed). After the window, another instance writes another letter:
+    // before it answers, the 2 letters the first one counted are reported.
+    clock += 60_000;
+    const frozenAccounts = refusing("account frozen:");
+    route(frozenAccounts, alertsFor());
+    await h.queue.publish(frozenAccounts.queue, job("acc-4004"));
+    await h.fake.dispatch({ concurrency: 1 });
+    expect(atResponse.at(-1)).toEqual({ status: 200, logs: 3, unreported: 0 });
+    expect(ingest.logs.slice(1)).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ softcrum_alert: "dead_letter", consumer: frozenAccounts.name }),
+        expect.objectContaining({
+          softcrum_alert: "dead_letters_coalesced",
+          count: 2,
+          consumer: closedAccounts.name,
+          first_dead_letter_id: ingest.logs[0]?.["dead_letter_id"],
+        }),
+      ]),
+    );
+    await first.close(); // its summary finds nothing left to report
+    expect(ingest.logs).toHaveLength(3);
+  });
+
+  test("receiveAvailable resolves only once its letters' alerts reached BetterStack; without a database, coalesced counts are sent at once (#9 item 8)", async () => {
+    harness = await vercelHarness("poll");
+    const consumer = refusing("account closed:");
+    const alerts = alertsTo(endpoint, { coalesceWindowMs: 60_000, sdkOptions: slowBatches });
+    const bound = bindConsumer(consumer, { db: pg.db, alerts, logger: silentLogger });
+    await harness.queue.publish(consumer.queue, job("acc-1"));
+    expect(await harness.queue.receiveAvailable(bound)).toBe(1);
+    expect(ingest.logs).toEqual([expect.objectContaining({ softcrum_alert: "dead_letter" })]);
+
+    await harness.queue.publish(consumer.queue, job("acc-2"));
+    await harness.queue.publish(consumer.queue, job("acc-3"));
+    expect(await harness.queue.receiveAvailable(bound)).toBe(2);
+    expect(ingest.logs.map((l) => [l["softcrum_alert"], l["count"]])).toEqual([
+      ["dead_letter", undefined],
+      ["dead_letters_coalesced", 2],
+    ]);
+    await alerts.close();
   });
 });
