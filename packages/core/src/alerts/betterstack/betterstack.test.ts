@@ -1,15 +1,12 @@
 import { type ChildProcess, spawn } from "node:child_process";
-import { createServer, type IncomingMessage, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { fileURLToPath } from "node:url";
-import { gunzipSync } from "node:zlib";
-import { decode } from "@msgpack/msgpack";
 import { useTestDatabase } from "@softcrum/testing";
 import { sql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
+import { FakeIngest } from "../../../test/fake-betterstack.ts";
 import { recordingMetrics, silentLogger } from "../../../test/fixtures.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
 import { toVercelTopic } from "../../adapters/vercel/index.ts";
@@ -20,40 +17,6 @@ import type { DeadLetterAlert } from "../../ports/alerts.ts";
 import { createBetterStackAlerts, errorFingerprint } from "./index.ts";
 
 const pg = useTestDatabase("betterstack");
-
-/** A BetterStack ingest endpoint on loopback: gunzips and msgpack-decodes what the real SDK sends. */
-class FakeIngest {
-  readonly logs: Record<string, unknown>[] = [];
-  readonly requests: { authorization?: string; contentType?: string; contentEncoding?: string }[] = [];
-  status = 202;
-  #server: Server = createServer((req, res) => this.#handle(req, res));
-  async start() {
-    await new Promise<void>((resolve) => this.#server.listen(0, "127.0.0.1", resolve));
-    return `http://127.0.0.1:${(this.#server.address() as AddressInfo).port}`;
-  }
-  async stop() {
-    this.#server.closeAllConnections();
-    await new Promise((resolve) => this.#server.close(resolve));
-  }
-  #handle(req: IncomingMessage, res: import("node:http").ServerResponse) {
-    const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c));
-    req.on("end", () => {
-      this.requests.push({
-        ...(req.headers.authorization ? { authorization: req.headers.authorization } : {}),
-        ...(req.headers["content-type"] ? { contentType: req.headers["content-type"] } : {}),
-        ...(req.headers["content-encoding"] ? { contentEncoding: String(req.headers["content-encoding"]) } : {}),
-      });
-      if (this.status < 300) {
-        const body = Buffer.concat(chunks);
-        const raw = req.headers["content-encoding"] === "gzip" ? gunzipSync(body) : body;
-        this.logs.push(...(decode(raw) as Record<string, unknown>[]));
-      }
-      res.statusCode = this.status;
-      res.end();
-    });
-  }
-}
 
 let ingest: FakeIngest;
 let endpoint: string;
