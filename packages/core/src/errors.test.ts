@@ -141,6 +141,14 @@ describe("errors are read through what they wrap (#9 item 7)", () => {
     expect(text).not.toContain("jane");
   });
 
+  test("only an AggregateError's members are read as errors, not another error's `errors` field (#9 item 7)", () => {
+    class AllMirrorsFailed extends AggregateError {}
+    const mirrors = new AllMirrorsFailed([new Error("a down")], "all mirrors failed");
+    expect(describeError(mirrors)).toBe("AggregateError: all mirrors failed [1 error: (1) Error: a down]");
+    const validation = Object.assign(new Error("invalid response"), { errors: [{ path: ["email"], value: "x" }] });
+    expect(describeError(validation)).toBe("Error: invalid response");
+  });
+
   test("hostile getters and unprintable values never make describeError or classifyFailure throw (#9 item 7)", () => {
     const hostile = new Error("outer");
     Object.defineProperty(hostile, "cause", {

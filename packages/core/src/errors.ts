@@ -152,12 +152,26 @@ function read(value: unknown, key: string): unknown {
   }
 }
 
-/** What an error wraps: its `cause`, then an AggregateError's (or any `errors` array's) members. */
+/**
+ * The members of an AggregateError (or a look-alike named so), else none:
+ * another error's `errors` may be anything (a validation library's issues).
+ */
+function membersOf(node: unknown): unknown[] | undefined {
+  let aggregate = false;
+  try {
+    aggregate = node instanceof AggregateError || (isError(node) && read(node, "name") === "AggregateError");
+  } catch {}
+  if (!aggregate) return undefined;
+  const errors = read(node, "errors");
+  return Array.isArray(errors) ? errors : undefined;
+}
+
+/** What an error wraps: its `cause`, then an AggregateError's members. */
 function wrapped(node: unknown): unknown[] {
   const out: unknown[] = [];
   const cause = read(node, "cause");
   if (cause !== undefined && cause !== null) out.push(cause);
-  const errors = read(node, "errors");
+  const errors = membersOf(node);
   try {
     if (Array.isArray(errors))
       for (const e of errors.slice(0, CHAIN_NODES)) if (e !== undefined && e !== null) out.push(e);
@@ -302,8 +316,8 @@ function describeChain(thrown: unknown, state: DescribeState, depth: number, out
   const { head, message } = describeOne(node, outer);
   if (depth >= CHAIN_DEPTH || state.nodes >= CHAIN_NODES) return head;
   let text = head;
-  const members = read(node, "errors");
-  if (Array.isArray(members) && members.length > 0) {
+  const members = membersOf(node);
+  if (members && members.length > 0) {
     const shown = members.slice(0, 10).map((m, i) => `(${i + 1}) ${describeChain(m, state, depth + 1, "")}`);
     const more = members.length > shown.length ? `; … ${members.length - shown.length} more` : "";
     text += ` [${members.length} error${members.length === 1 ? "" : "s"}: ${shown.join("; ")}${more}]`;
