@@ -266,6 +266,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #alertsInFlight = new Set<Promise<unknown>>();
   /** An alert was raised since the last `flushAlerts`: only then is the port flushed. */
   #alertsToFlush = false;
+  /** The flush under way: a caller whose alert it covers waits for it too. */
+  #alertFlush: Promise<void> | undefined;
 
   constructor(consumer: Consumer<TSchema>, deps: HarnessDeps) {
     if (typeof deps?.db?.transaction !== "function") {
@@ -691,8 +693,20 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   }
 
   async flushAlerts(): Promise<void> {
-    if (!this.#alertsToFlush) return;
-    this.#alertsToFlush = false;
+    if (this.#alertsToFlush) {
+      this.#alertsToFlush = false;
+      const flushing = this.#flushAlertsNow(this.#alertFlush);
+      this.#alertFlush = flushing;
+      void flushing.finally(() => {
+        if (this.#alertFlush === flushing) this.#alertFlush = undefined;
+      });
+    }
+    // Another caller may have taken the flag for an alert of ours: its flush covers it.
+    await this.#alertFlush;
+  }
+
+  async #flushAlertsNow(previous: Promise<void> | undefined): Promise<void> {
+    await previous;
     await Promise.allSettled([...this.#alertsInFlight]);
     try {
       await this.#alerts.flush?.();
