@@ -8,6 +8,9 @@
  * Both delivery modes map the harness's `DeliveryResult` to the SDK's retry
  * directives the same way, and keep rate-limit deferrals from counting as
  * attempts by republishing (Vercel's delivery count cannot be corrected).
+ * The push route and `receiveAvailable` answer only once the alerts of the
+ * dead letters they wrote are delivered or durably counted
+ * (`BoundConsumer.flushAlerts`): the function may end as soon as it answers.
  *
  * Glossary: topic = a Vercel queue name ([A-Za-z0-9_-]+), mapped reversibly
  * from our queue names; lease = a received message's lock, identified by its

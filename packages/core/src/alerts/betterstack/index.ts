@@ -9,7 +9,10 @@
  * window produce the first alert and one summary with how many more there
  * were, not a storm. Given `db`, the windows live in `core.alert_windows` and
  * the whole fleet sends one alert per window; without it, each process
- * coalesces on its own. The SDK resolves even when it dropped a log, so it runs
+ * coalesces on its own. `flush()` (awaited by the Vercel adapter before a
+ * serverless invocation answers) sends what is due and leaves an open
+ * window's count in the table, where any process's later flush reports it
+ * once the window has ended; `close()` (a worker stopping) sends everything. The SDK resolves even when it dropped a log, so it runs
  * with `throwExceptions` and a failed delivery is counted and logged here; it
  * never blocks the harness or loses the dead-letter row (the row is the
  * evidence).
