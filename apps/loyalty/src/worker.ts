@@ -91,16 +91,12 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   return {
     module,
     async stop() {
-      try {
-        await poller?.stop();
-        await schedule.stop();
-        metrics.close();
-        await module.close();
-      } finally {
-        // Whatever failed above, the pending alert summaries go out before the process ends.
-        await alerts?.close();
-        await alertsClient?.end({ timeout: 5 });
-      }
+      await poller?.stop();
+      await schedule.stop();
+      metrics.close();
+      await module.close();
+      await alerts?.close();
+      await alertsClient?.end({ timeout: 5 });
     },
   };
 }
