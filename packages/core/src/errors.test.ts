@@ -141,6 +141,14 @@ describe("errors are read through what they wrap (#9 item 7)", () => {
     expect(text).not.toContain("jane");
   });
 
+  test("an error met twice without a cycle is shown once; an empty message adds no colon (#9 item 7)", () => {
+    const refused = new Error("connect ECONNREFUSED 10.0.0.7:443");
+    const aggregate = new AggregateError([refused, refused], "", { cause: refused });
+    expect(describeError(aggregate)).toBe(
+      "AggregateError [2 errors: (1) Error: connect ECONNREFUSED 10.0.0.7:443; (2) (shown above)] ← caused by (shown above)",
+    );
+  });
+
   test("only an AggregateError's members are read as errors, not another error's `errors` field (#9 item 7)", () => {
     class AllMirrorsFailed extends AggregateError {}
     const mirrors = new AllMirrorsFailed([new Error("a down")], "all mirrors failed");

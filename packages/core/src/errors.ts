@@ -285,7 +285,12 @@ function retryAfterHeader(headers: unknown): number | undefined {
  */
 export function describeError(thrown: unknown): string {
   try {
-    const state = { seen: new Set<unknown>(), query: undefined as string | undefined, nodes: 0 };
+    const state = {
+      seen: new Set<unknown>(),
+      path: new Set<unknown>(),
+      query: undefined as string | undefined,
+      nodes: 0,
+    };
     const text = describeChain(thrown, state, 0, "");
     const query = state.query === undefined ? "" : ` [query: ${state.query.slice(0, 300)}]`;
     return bound(text, LAST_ERROR_MAX - query.length) + query;
@@ -295,17 +300,29 @@ export function describeError(thrown: unknown): string {
 }
 
 interface DescribeState {
+  /** Every error described so far, each once. */
   readonly seen: Set<unknown>;
+  /** The errors wrapping the one being described: meeting one again is a cycle. */
+  readonly path: Set<unknown>;
   query: string | undefined;
   nodes: number;
 }
 
 /** `thrown` and what it wraps. `outer` is the wrapper's message, to skip a cause it quotes. */
 function describeChain(thrown: unknown, state: DescribeState, depth: number, outer: string): string {
-  if (typeof thrown === "object" && thrown !== null) {
-    if (state.seen.has(thrown)) return "(cycle)";
-    state.seen.add(thrown);
+  if (typeof thrown !== "object" || thrown === null) return describeNode(thrown, state, depth, outer);
+  if (state.path.has(thrown)) return "(cycle)";
+  if (state.seen.has(thrown)) return "(shown above)";
+  state.seen.add(thrown);
+  state.path.add(thrown);
+  try {
+    return describeNode(thrown, state, depth, outer);
+  } finally {
+    state.path.delete(thrown);
   }
+}
+
+function describeNode(thrown: unknown, state: DescribeState, depth: number, outer: string): string {
   state.nodes += 1;
   let node = thrown;
   if (isWrappedQueryError(node)) {
@@ -346,7 +363,8 @@ function describeOne(thrown: unknown, outer: string): { head: string; message: s
         : "";
     // A wrapper that quotes its cause's message (`sync failed: connect ECONNREFUSED …`) said it already.
     const quoted = message.length >= 8 && outer.includes(message);
-    const head = quoted ? `${name}${codeText}` : `${name}: ${message.slice(0, NODE_MESSAGE_MAX)}${codeText}`;
+    const head =
+      quoted || message === "" ? `${name}${codeText}` : `${name}: ${message.slice(0, NODE_MESSAGE_MAX)}${codeText}`;
     return { head, message };
   }
   let json: string | undefined;
