@@ -1,8 +1,10 @@
 /**
  * The loyalty module's long-running worker: consumes its queue and keeps its
  * tables tidy — the processed_jobs fence cleanup runs on a schedule. Alerts go
- * to BetterStack when BETTERSTACK_SOURCE_TOKEN is set, metrics to the global
- * OpenTelemetry MeterProvider (a no-op unless the process installs an SDK).
+ * to BetterStack when BETTERSTACK_SOURCE_TOKEN is set (to the source's ingest
+ * host BETTERSTACK_ENDPOINT, when given); stopping sends the alert summaries
+ * still pending. Metrics go to the global OpenTelemetry MeterProvider (a no-op
+ * unless the process installs an SDK).
  *
  *   DATABASE_URL=postgres://… pnpm --filter @softcrum/example-loyalty worker
  *
@@ -65,6 +67,7 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   const alerts = sourceToken
     ? (await import("@softcrum/core/alerts/betterstack")).createBetterStackAlerts({
         sourceToken,
+        ...(process.env["BETTERSTACK_ENDPOINT"] ? { endpoint: process.env["BETTERSTACK_ENDPOINT"] } : {}),
         ...(alertsClient ? { db: drizzle({ client: alertsClient }) } : {}),
       })
     : undefined;

@@ -305,6 +305,12 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #outboxRelay: { wake(): void } | undefined;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
   readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
+  /** Alerts handed to the port and not yet settled; `flushAlerts` waits for them. */
+  readonly #alertsInFlight = new Set<Promise<unknown>>();
+  /** An alert was raised since the last `flushAlerts`: only then is the port flushed. */
+  #alertsToFlush = false;
+  /** The flush under way: a caller whose alert it covers waits for it too. */
+  #alertFlush: Promise<void> | undefined;
 
   constructor(consumer: Consumer<TSchema>, deps: HarnessDeps) {
     if (typeof deps?.db?.transaction !== "function") {
@@ -745,16 +751,46 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return this.#finish(outcome, { outcome, ack: true, deadLetterId: written.id, errorClass: input.errorClass });
   }
 
-  /** Fire and forget: the row is the evidence, the alert only points at it. */
+  /**
+   * Fire and forget: the row is the evidence, the alert only points at it. A
+   * transport whose process may end once it answers waits for it with `flushAlerts`.
+   */
   #alert(alert: DeadLetterAlert): void {
     const failed = (thrown: unknown) => {
       this.#metrics.alertFailed({ queue: this.queue, consumer: this.name });
       this.#logger.warn(`dead-letter alert failed: ${describeError(thrown)}`, { deadLetterId: alert.deadLetterId });
     };
+    this.#alertsToFlush = true;
     try {
-      Promise.resolve(this.#alerts.deadLetterCreated(alert)).catch(failed);
+      const sent = Promise.resolve(this.#alerts.deadLetterCreated(alert)).catch(failed);
+      this.#alertsInFlight.add(sent);
+      void sent.finally(() => this.#alertsInFlight.delete(sent));
     } catch (thrown) {
       failed(thrown);
+    }
+  }
+
+  async flushAlerts(): Promise<void> {
+    if (this.#alertsToFlush) {
+      this.#alertsToFlush = false;
+      const flushing = this.#flushAlertsNow(this.#alertFlush);
+      this.#alertFlush = flushing;
+      void flushing.finally(() => {
+        if (this.#alertFlush === flushing) this.#alertFlush = undefined;
+      });
+    }
+    // Another caller may have taken the flag for an alert of ours: its flush covers it.
+    await this.#alertFlush;
+  }
+
+  async #flushAlertsNow(previous: Promise<void> | undefined): Promise<void> {
+    await previous;
+    await Promise.allSettled([...this.#alertsInFlight]);
+    try {
+      await this.#alerts.flush?.();
+    } catch (thrown) {
+      this.#metrics.alertFailed({ queue: this.queue, consumer: this.name });
+      this.#logger.warn(`dead-letter alerts could not be flushed: ${describeError(thrown)}`);
     }
   }
 }

@@ -85,3 +85,109 @@ describe("describeError", () => {
     expect(describeError("boom")).toBe("boom");
   });
 });
+
+describe("errors are read through what they wrap (#9 item 7)", () => {
+  test("AWS SDK v3 throttling is rate limited by its name, $metadata or $retryable, whatever its HTTP status (#9 item 7)", () => {
+    const aws = (name: string, fields: object) => Object.assign(new Error("Rate exceeded"), { name }, fields);
+    for (const thrown of [
+      aws("ThrottlingException", { $fault: "client", $metadata: { httpStatusCode: 400 } }),
+      aws("TooManyRequestsException", { $fault: "client", $metadata: { httpStatusCode: 400 } }),
+      aws("ServiceException", { $metadata: { httpStatusCode: 429 } }),
+      aws("ProvisionedThroughputExceededException", { $retryable: { throttling: true }, $metadata: {} }),
+    ]) {
+      expect(classifyFailure(thrown).failureClass).toBe("rate_limited");
+    }
+  });
+
+  test("the shallowest error that decides wins: a handler's PermanentError over the 429 it wraps, a 429 over a PermanentError it wraps (#9 item 7)", () => {
+    const http429 = Object.assign(new Error("Too Many Requests"), { status: 429 });
+    expect(classifyFailure(new PermanentError("refused", { cause: http429 })).failureClass).toBe("permanent");
+    expect(
+      classifyFailure(Object.assign(new Error("throttled"), { status: 429, cause: new PermanentError("x") }))
+        .failureClass,
+    ).toBe("rate_limited");
+    // Same depth: waiting never discards work.
+    expect(classifyFailure(new AggregateError([new PermanentError("a"), http429])).failureClass).toBe("rate_limited");
+  });
+
+  test("a 429 deeper than the bound is not read, and a deep chain is described to the bound (#9 item 7)", () => {
+    let error: Error = Object.assign(new Error("Too Many Requests"), { status: 429 });
+    for (let i = 0; i < 20; i++) error = new Error(`level ${i}`, { cause: error });
+    expect(classifyFailure(error).failureClass).toBe("transient");
+    expect(describeError(error).split(" ← caused by ")).toHaveLength(9);
+  });
+
+  test("a cause whose message the wrapper quotes is named, not repeated; a system error's code is kept (#9 item 7)", () => {
+    const refused = Object.assign(new Error("connect ECONNREFUSED 10.0.0.7:5432"), { code: "ECONNREFUSED" });
+    expect(describeError(new Error(`sync failed: ${refused.message}`, { cause: refused }))).toBe(
+      "Error: sync failed: connect ECONNREFUSED 10.0.0.7:5432 ← caused by Error (code ECONNREFUSED)",
+    );
+  });
+
+  test("a wrapped query error inside a chain still hides its parameters, and its query goes last (#9 item 7)", () => {
+    const pgError = Object.assign(new Error('duplicate key value violates unique constraint "x"'), {
+      name: "PostgresError",
+      code: "23505",
+    });
+    const wrapped = Object.assign(new Error("Failed query: insert into t values ($1)\nparams: jane@example.com"), {
+      query: "insert into t values ($1)",
+      params: ["jane@example.com"],
+      cause: pgError,
+    });
+    const text = describeError(new AggregateError([wrapped, new Error("b")], "both failed"));
+    expect(text).toBe(
+      'AggregateError: both failed [2 errors: (1) PostgresError: duplicate key value violates unique constraint "x"; (2) Error: b] [query: insert into t values ($1)]',
+    );
+    expect(text).not.toContain("jane");
+  });
+
+  test("an error met twice without a cycle is shown once; an empty message adds no colon (#9 item 7)", () => {
+    const refused = new Error("connect ECONNREFUSED 10.0.0.7:443");
+    const aggregate = new AggregateError([refused, refused], "", { cause: refused });
+    expect(describeError(aggregate)).toBe(
+      "AggregateError [2 errors: (1) Error: connect ECONNREFUSED 10.0.0.7:443; (2) (shown above)] ← caused by (shown above)",
+    );
+  });
+
+  test("only an AggregateError's members are read as errors, not another error's `errors` field (#9 item 7)", () => {
+    class AllMirrorsFailed extends AggregateError {}
+    const mirrors = new AllMirrorsFailed([new Error("a down")], "all mirrors failed");
+    expect(describeError(mirrors)).toBe("AggregateError: all mirrors failed [1 error: (1) Error: a down]");
+    const validation = Object.assign(new Error("invalid response"), { errors: [{ path: ["email"], value: "x" }] });
+    expect(describeError(validation)).toBe("Error: invalid response");
+  });
+
+  test("hostile getters and unprintable values never make describeError or classifyFailure throw (#9 item 7)", () => {
+    const hostile = new Error("outer");
+    Object.defineProperty(hostile, "cause", {
+      get() {
+        throw new Error("getter exploded");
+      },
+    });
+    expect(describeError(hostile)).toBe("Error: outer");
+    expect(classifyFailure(hostile).failureClass).toBe("transient");
+    const revoked = Proxy.revocable({}, {});
+    revoked.revoke();
+    expect(typeof describeError(revoked.proxy)).toBe("string");
+    expect(classifyFailure(revoked.proxy).failureClass).toBe("transient");
+    const bigint = {
+      n: 1n,
+      [Symbol.toPrimitive]: () => {
+        throw new Error("no");
+      },
+    };
+    expect(describeError(bigint)).toMatch(/^non-error thrown: /);
+    const nameThrows = new Error("x");
+    Object.defineProperty(nameThrows, "name", {
+      get: () => ({
+        toString: () => {
+          throw new Error("no");
+        },
+      }),
+    });
+    expect(typeof describeError(nameThrows)).toBe("string");
+    expect(describeError(new Error("a", { cause: new Error("b", { cause: "root cause text" }) }))).toBe(
+      "Error: a ← caused by Error: b ← caused by root cause text",
+    );
+  });
+});

@@ -130,4 +130,11 @@ export interface BoundConsumer {
    */
   readonly timeoutMs?: number;
   deliver(delivery: Delivery): Promise<DeliveryResult>;
+  /**
+   * Waits for the alerts of the dead letters this consumer wrote so far (and
+   * `AlertPort.flush`), when there were any since the last call; never
+   * throws. A transport whose process may end once a request is answered
+   * (serverless) awaits it before answering.
+   */
+  flushAlerts?(): Promise<void>;
 }

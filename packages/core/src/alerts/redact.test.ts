@@ -99,6 +99,59 @@ describe("redactErrorMessage (#8 item 14)", () => {
   });
 });
 
+describe("errorFingerprint folds every kind of id (#9 item 9)", () => {
+  // Each failure names a different id of the same kind each time it happens.
+  const ids: [string, string[]][] = [
+    ["Mongo ObjectId", ["507f1f77bcf86cd799439011", "65a1b2c3d4e5f60718293a4b", "65A1B2C3D4E5F60718293A4C"]],
+    ["ULID", ["01ARZ3NDEKTSV4RRFFQ69G5FAV", "01hqzx8k2m4n6p8r0t2v4w6y8z", "01HQZX9AAAAAAAAAAAAAAAAAAA"]],
+    ["UUID", ["0b8f5e0a-1c2d-4e3f-8a9b-0c1d2e3f4a5b", "9F8E7D6C-5B4A-4F3E-9D2C-1B0A9F8E7D6C"]],
+    ["charge id", ["ch_3MmlLrLkdIwHu7ix0snN0B15", "ch_1Nq2ab", "ch_9Zz"]],
+    ["customer id", ["cus_NffrFeUfNV2Hib", "cus_Mx9bq3", "cus_4QFOF3xrvBT2nU"]],
+    [
+      "payment intent id",
+      ["pi_3MtwBwLkdIwHu7ix28a3tqPa", "pi_1Ab", "pi_3MtwBwLkdIwHu7ix28a3tqPa_secret_YrKJUKribcBjcG8HVhfZluoGH"],
+    ],
+    ["event id", ["evt_1NG8Du2eZvKYlo2CUI79vXWy", "evt_3Ab7xYz9Qw"]],
+    ["secret key", ["sk_live_51HxYz", "sk_test_4eC39HqLyjWDarjtT1zdp7dc"]],
+    ["long number", ["12345678901234", "9", "4242 4242 4242 4242"]],
+    ["request id", ["3f9a2c1e", "7bd04e22a1"]],
+    ["nanoid", ["V1StGXR8_Z5jdHi6B-myT", "x7Kq2mP9aZ", "Ab3dEf7hIj"]],
+  ];
+
+  test.each(ids)("the same failure naming another %s has one fingerprint (#9 item 9)", (_kind, values) => {
+    const prints = new Set(values.map((id) => errorFingerprint(`StripeError: No such object: ${id}; request failed`)));
+    expect(prints.size).toBe(1);
+    // Whatever kind of id it names: the failure is the same.
+    expect(errorFingerprint(`StripeError: No such object: ${values[0]}; request failed`)).toBe(
+      errorFingerprint("StripeError: No such object: 42; request failed"),
+    );
+  });
+
+  test("different failures naming ids keep different fingerprints (#9 item 9)", () => {
+    const failures = [
+      "StripeError: No such customer: cus_NffrFeUfNV2Hib",
+      "StripeError: No such charge: ch_3MmlLrLkdIwHu7ix0snN0B15",
+      "StripeError: Your card was declined. (charge ch_3MmlLrLkdIwHu7ix0snN0B15)",
+      "StripeError: Your card has insufficient funds. (charge ch_3MmlLrLkdIwHu7ix0snN0B15)",
+      "MongoServerError: document 507f1f77bcf86cd799439011 failed validation",
+      "MongoServerError: E11000 duplicate key error collection: shop.orders index: _id_ dup key: 507f1f77bcf86cd799439011",
+      "Error: job 01ARZ3NDEKTSV4RRFFQ69G5FAV timed out",
+      "Error: job 01ARZ3NDEKTSV4RRFFQ69G5FAV was cancelled",
+      'PostgresError: relation "order_items" does not exist',
+      'PostgresError: relation "user_profiles" does not exist',
+      "Error: column in_progress is missing",
+      "Error: column in_review is missing",
+    ];
+    expect(new Set(failures.map(errorFingerprint)).size).toBe(failures.length);
+  });
+
+  test("ULIDs and short provider ids are masked in alerts too (#9 item 9)", () => {
+    expect(redactErrorMessage("Error: job 01hqzx8k2m4n6p8r0t2v4w6y8z for cus_Mx9bq3 failed")).toBe(
+      "Error: job <id> for <id> failed",
+    );
+  });
+});
+
 describe("postgresErrorFacts / alertErrorFields (#8 item 14)", () => {
   const pgError = Object.assign(new Error('duplicate key value violates unique constraint "users_email_key"'), {
     name: "PostgresError",

@@ -33,7 +33,7 @@ const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_$.]{0,126}$/;
  * Idempotent: redacting a redacted message changes nothing.
  *
  * Masked: quoted values (double, single, back quotes), `Key (…)=(…)` and
- * `Failing row contains (…)` values, e-mail addresses, UUIDs, JWTs, provider
+ * `Failing row contains (…)` values, e-mail addresses, UUIDs, ULIDs, JWTs, provider
  * ids (`cus_…`, `pi_…`, `sk_live_…`), hex runs, long tokens (base64, API
  * keys), runs of 7+ digits (phone, card, account numbers). In a trailing
  * `[query: …]` (see `describeError`), SQL string literals are masked and
@@ -126,6 +126,10 @@ function redactSql(query: string): string {
   return maskUnquoted(masked);
 }
 
+/** Object id prefixes of payment and messaging providers (Stripe's, mostly): `ch_`, `cus_`, `pi_`, `evt_`, `sk_live_`. */
+const KNOWN_PROVIDER_ID =
+  /\b(?:acct|ba|card|ch|cn|cs|cus|dp|du|evt|file|ii|in|ipi|link|pi|pk|pm|po|price|prod|promo|py|pyr|re|rk|seti|si|sk|sub|tok|tr|txi|txn|whsec)_(?:(?:live|test)_)?(?=[A-Za-z0-9]*[A-Z0-9])[A-Za-z0-9]{3,}\b/g;
+
 /** Values that need no quotes to be recognised. */
 function maskUnquoted(text: string): string {
   return (
@@ -133,8 +137,12 @@ function maskUnquoted(text: string): string {
       .replace(/(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}/g, "<email>")
       .replace(/\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b/g, "<uuid>")
       .replace(/\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*/g, "<token>")
-      // Provider ids: a short lowercase prefix, `_`, then an opaque id (cus_NffrFeUfNV2Hib, sk_live_…, whsec_…).
+      // Provider ids: a short lowercase prefix, `_`, then an opaque id (cus_NffrFeUfNV2Hib, sk_live_…, whsec_…);
+      // a prefix known to name a provider object (Stripe's ch_, cus_, pi_, evt_, sk_…) whatever the id's length.
       .replace(/\b[a-z]{2,10}_(?:(?:live|test)_)?(?=[A-Za-z0-9]*[A-Z0-9])[A-Za-z0-9]{8,}\b/g, "<id>")
+      .replace(KNOWN_PROVIDER_ID, "<id>")
+      // ULIDs: 26 Crockford base32 characters, the first 0-7 (timestamp), in either case.
+      .replace(/\b(?=[0-9]*[A-Za-z])[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}\b/g, "<id>")
       .replace(/\b(?:0x)?[0-9a-fA-F]{16,}\b/g, "<token>")
       // Long opaque runs (API keys, base64): letters and digits mixed, 20+ characters.
       .replace(
@@ -235,14 +243,23 @@ function cut(text: string, max: number): string {
  * The coalescing fingerprint of an error message: the same failure with other
  * values has the same fingerprint ("order 123 not found" and "order 456 not
  * found"; `"abc"` and `"xyz"` as invalid integers; any two e-mail addresses
- * in a 23505 detail). It masks what `redactErrorMessage` masks, then every
- * number, so `errorFingerprint(m) === errorFingerprint(redactErrorMessage(m))`.
+ * in a 23505 detail; Mongo ObjectIds, ULIDs, UUIDs, provider ids, long
+ * numbers). It masks what `redactErrorMessage` masks, then what is shaped
+ * like an id though it needs no redaction (hex runs of 8+, mixed-case
+ * letters and digits of 10+), then every number; every mask counts as the
+ * same value, so `cus_…` and `<token>` in the same place fold. It works on
+ * the redaction, so `errorFingerprint(m) === errorFingerprint(redactErrorMessage(m))`.
  */
 export function errorFingerprint(error: string): string {
   const shape = redactErrorMessage(error)
     .replace(/(["'`])<redacted>\1?/g, "<redacted>")
+    // Request ids, short hashes: hex with both digits and letters.
+    .replace(/\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b/g, "<v>")
+    // Opaque ids (nanoid, base62): letters of both cases and digits, 10+.
+    .replace(/\b(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])[A-Za-z0-9]{10,}\b/g, "<v>")
     .toLowerCase()
-    .replace(/\d+/g, "<n>")
+    .replace(/<(?:redacted|email|uuid|token|id|number)>/g, "<v>")
+    .replace(/\d+/g, "<v>")
     .replace(/\s+/g, " ")
     .trim();
   return createHash("sha256").update(shape).digest("hex").slice(0, 16);

@@ -9,7 +9,10 @@
  *   alert, with what the previous window left unreported; every other one is
  *   told to stay quiet and is counted as `unreported`.
  * - `takeUnreported()` hands a window's unreported count to exactly one caller
- *   and resets it: the summary sent at the window's end (or on flush).
+ *   and resets it: the summary sent at the window's end (or on close).
+ * - `takeEnded()` (shared store) does the same for every window that ended
+ *   with a count no summary took: the process that counted it may have ended
+ *   (a serverless function, a killed worker); any process's flush reports it.
  * Counts are never lost: whatever no summary took is carried by the next
  * window's first alert.
  *
@@ -46,11 +49,23 @@ export interface UnreportedOccurrences {
   readonly windowStartedAt: number;
 }
 
+/** Unreported occurrences of a window that has ended, with what names its failure mode. */
+export interface EndedWindow extends UnreportedOccurrences {
+  readonly key: AlertWindowKey;
+  readonly windowNumber: number;
+}
+
 export interface AlertWindowStore {
   /** Counts one occurrence at `at` (ms since the epoch) in a window of `windowMs`. */
   record(key: AlertWindowKey, deadLetterId: string, at: number, windowMs: number): Promise<WindowDecision>;
   /** The window's unreported occurrences, taken (reset to 0) by exactly one caller; undefined when none. */
   takeUnreported(key: AlertWindowKey, windowNumber: number): Promise<UnreportedOccurrences | undefined>;
+  /**
+   * The unreported occurrences of windows that ended by `at`, whoever counted
+   * them (a process that ended before its summary was due), taken like
+   * `takeUnreported`; at most `limit` windows. Only a shared store has them.
+   */
+  takeEnded?(windowMs: number, at: number, limit: number): Promise<EndedWindow[]>;
 }
 
 /** The primary key of a window row: bounded, whatever the names' lengths. */
@@ -164,6 +179,44 @@ export function postgresAlertWindows(db: AnyPgDatabase): AlertWindowStore {
       return row
         ? { count: row.count, firstDeadLetterId: row.first_dead_letter_id, windowStartedAt: Number(row.started_ms) }
         : undefined;
+    },
+    async takeEnded(windowMs, at, limit) {
+      // As takeUnreported, for every ended window at once; SKIP LOCKED leaves
+      // a window another process is taking (or counting in) right now to it.
+      const result = await db.execute(sql`
+        with taken as (
+          select key, unreported from core.alert_windows
+          where unreported > 0
+            and window_started_at + ${windowMs}::float8 * interval '1 millisecond' <= ${new Date(at).toISOString()}::timestamptz
+          order by window_started_at
+          limit ${limit}
+          for update skip locked
+        )
+        update core.alert_windows w set unreported = 0
+        from taken where w.key = taken.key
+        returning taken.unreported as count, w.queue, w.consumer, w.error_class, w.error_fingerprint,
+                  w.window_number, w.first_dead_letter_id, ${epochMs("w.window_started_at")} as started_ms`);
+      return rowsOf<{
+        count: number;
+        queue: string;
+        consumer: string;
+        error_class: DeadLetterErrorClass;
+        error_fingerprint: string;
+        window_number: number;
+        first_dead_letter_id: string;
+        started_ms: number;
+      }>(result).map((row) => ({
+        key: {
+          queue: row.queue,
+          consumer: row.consumer,
+          errorClass: row.error_class,
+          fingerprint: row.error_fingerprint,
+        },
+        windowNumber: row.window_number,
+        count: row.count,
+        firstDeadLetterId: row.first_dead_letter_id,
+        windowStartedAt: Number(row.started_ms),
+      }));
     },
   };
 }

@@ -35,6 +35,16 @@ export interface DeadLetterAlert {
  */
 export interface AlertPort {
   deadLetterCreated(alert: DeadLetterAlert): Promise<void> | void;
+  /**
+   * Resolves once every alert of the dead letters reported so far has been
+   * delivered, or recorded durably where a later alert or flush reports it
+   * (BetterStack: the count of a coalescing window in `core.alert_windows`).
+   * A process that may end at any moment awaits it before it lets go: the
+   * Vercel push route before its response returns, `receiveAvailable` before
+   * it resolves (through `BoundConsumer.flushAlerts`). Optional: a sink that
+   * delivers in `deadLetterCreated` needs none.
+   */
+  flush?(): Promise<void>;
 }
 
 export const noopAlerts: AlertPort = { deadLetterCreated() {} };

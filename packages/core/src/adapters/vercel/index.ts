@@ -8,6 +8,9 @@
  * Both delivery modes map the harness's `DeliveryResult` to the SDK's retry
  * directives the same way, and keep rate-limit deferrals from counting as
  * attempts by republishing (Vercel's delivery count cannot be corrected).
+ * The push route and `receiveAvailable` answer only once the alerts of the
+ * dead letters they wrote are delivered or durably counted
+ * (`BoundConsumer.flushAlerts`): the function may end as soon as it answers.
  *
  * Glossary: topic = a Vercel queue name ([A-Za-z0-9_-]+), mapped reversibly
  * from our queue names; lease = a received message's lock, identified by its
@@ -40,6 +43,8 @@ const MAX_IDEMPOTENCY_KEY = 256;
 /** Clock difference tolerated between the service's timestamps and ours when reading a due time. */
 const DUE_AT_SKEW_MS = 300_000;
 const REGION_PATTERN = /^[a-z]{2,5}[0-9]{1,2}$/;
+/** Longest a push request or `receiveAvailable` waits for its dead-letter alerts before it answers anyway. */
+const ALERT_FLUSH_TIMEOUT_MS = 10_000;
 
 export interface VercelQueueOptions {
   /** Vercel region of the queues. @default env VERCEL_REGION (set by Vercel in functions); required */
@@ -462,7 +467,15 @@ class VercelQueueAdapter implements VercelQueue {
       (payload, metadata) => this.#process(consumer, topic, payload, metadata),
       { visibilityTimeoutSeconds: this.#config.visibilityTimeoutSeconds, retry: directiveOf },
     );
-    return (request: Request) => handle(request);
+    return async (request: Request) => {
+      try {
+        return await handle(request);
+      } finally {
+        // The function may be frozen or ended once it answers: the alerts of
+        // the letters this request wrote go out (or are recorded) first.
+        await this.#flushAlerts(consumer);
+      }
+    };
   }
 
   startWorker(consumer: BoundConsumer, options: VercelWorkerOptions = {}): VercelWorker {
@@ -507,6 +520,8 @@ class VercelQueueAdapter implements VercelQueue {
       }
     };
     await Promise.allSettled(Array.from({ length: concurrency }, lane));
+    // A one-shot caller (a cron function) may end once this resolves.
+    await this.#flushAlerts(consumer);
     if (failure) throw failure.error;
     return delivered;
   }
@@ -519,6 +534,29 @@ class VercelQueueAdapter implements VercelQueue {
   async close(): Promise<void> {
     this.#closed = true;
     await Promise.all([...this.#workers].map((w) => w.stop()));
+  }
+
+  /**
+   * The consumer's dead-letter alerts delivered or recorded, waited for at
+   * most `ALERT_FLUSH_TIMEOUT_MS` (a hung alert sink must not hold a function
+   * until its time limit); never throws.
+   */
+  async #flushAlerts(consumer: BoundConsumer): Promise<void> {
+    if (typeof consumer.flushAlerts !== "function") return;
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const flushed = consumer.flushAlerts().then(() => true);
+      const late = new Promise<false>((resolve) => {
+        timer = setTimeout(() => resolve(false), ALERT_FLUSH_TIMEOUT_MS);
+      });
+      if (!(await Promise.race([flushed, late]))) {
+        this.#logger.warn(`${consumer.name}: dead-letter alerts not flushed within ${ALERT_FLUSH_TIMEOUT_MS} ms`);
+      }
+    } catch (thrown) {
+      this.#logger.warn(`${consumer.name}: dead-letter alerts not flushed: ${describeError(thrown)}`);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   #bindTopic(consumer: BoundConsumer): string {

@@ -1,16 +1,15 @@
 import { type ChildProcess, spawn } from "node:child_process";
-import { createServer, type IncomingMessage, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { fileURLToPath } from "node:url";
-import { gunzipSync } from "node:zlib";
-import { decode } from "@msgpack/msgpack";
 import { useTestDatabase } from "@softcrum/testing";
 import { sql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
+import { FakeIngest } from "../../../test/fake-betterstack.ts";
 import { recordingMetrics, silentLogger } from "../../../test/fixtures.ts";
+import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
+import { toVercelTopic } from "../../adapters/vercel/index.ts";
 import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
 import { createEnvelope } from "../../envelope.ts";
 import { PermanentError } from "../../errors.ts";
@@ -18,40 +17,6 @@ import type { DeadLetterAlert } from "../../ports/alerts.ts";
 import { createBetterStackAlerts, errorFingerprint } from "./index.ts";
 
 const pg = useTestDatabase("betterstack");
-
-/** A BetterStack ingest endpoint on loopback: gunzips and msgpack-decodes what the real SDK sends. */
-class FakeIngest {
-  readonly logs: Record<string, unknown>[] = [];
-  readonly requests: { authorization?: string; contentType?: string; contentEncoding?: string }[] = [];
-  status = 202;
-  #server: Server = createServer((req, res) => this.#handle(req, res));
-  async start() {
-    await new Promise<void>((resolve) => this.#server.listen(0, "127.0.0.1", resolve));
-    return `http://127.0.0.1:${(this.#server.address() as AddressInfo).port}`;
-  }
-  async stop() {
-    this.#server.closeAllConnections();
-    await new Promise((resolve) => this.#server.close(resolve));
-  }
-  #handle(req: IncomingMessage, res: import("node:http").ServerResponse) {
-    const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c));
-    req.on("end", () => {
-      this.requests.push({
-        ...(req.headers.authorization ? { authorization: req.headers.authorization } : {}),
-        ...(req.headers["content-type"] ? { contentType: req.headers["content-type"] } : {}),
-        ...(req.headers["content-encoding"] ? { contentEncoding: String(req.headers["content-encoding"]) } : {}),
-      });
-      if (this.status < 300) {
-        const body = Buffer.concat(chunks);
-        const raw = req.headers["content-encoding"] === "gzip" ? gunzipSync(body) : body;
-        this.logs.push(...(decode(raw) as Record<string, unknown>[]));
-      }
-      res.statusCode = this.status;
-      res.end();
-    });
-  }
-}
 
 let ingest: FakeIngest;
 let endpoint: string;
@@ -289,7 +254,7 @@ describe("alerts never carry payload values (#8 item 14)", () => {
       constraint: "test_customers_email_key",
       table: "test_customers",
       error:
-        'PermanentError: customer import refused: duplicate key value violates unique constraint "test_customers_email_key". Key (email)=(<redacted>) already exists.',
+        'PermanentError: customer import refused: duplicate key value violates unique constraint "test_customers_email_key". Key (email)=(<redacted>) already exists. ← caused by PostgresError [query: insert into test_customers (email) values ($1)]',
     });
     expect(JSON.stringify(ingest.logs)).not.toContain("jane.doe");
   });
@@ -457,5 +422,111 @@ describe("one alert per failure mode per window across the fleet (#8 item 15)", 
     await nowhere.end();
     expect(ingest.logs.filter((l) => l["error_class"] === "expired")).toHaveLength(1);
     await Promise.all([first.close(), second.close()]);
+  });
+});
+
+describe("alerts are delivered before a serverless invocation answers (#9 item 8)", () => {
+  let harness: VercelHarness | undefined;
+  afterEach(async () => {
+    await harness?.close();
+    harness = undefined;
+  });
+
+  /** The SDK would hold these logs for a minute: only a flush delivers them before the response. */
+  const slowBatches = { batchInterval: 60_000, retryCount: 0 };
+  const unreported = async () =>
+    (await pg.sql<{ n: number }[]>`select coalesce(sum(unreported), 0)::int as n from core.alert_windows`)[0]?.n;
+  let seq = 0;
+  const refusing = (reason: string) => {
+    seq += 1;
+    return defineConsumer({
+      name: `serverless.c${seq}`,
+      queue: `serverless.q${seq}`,
+      kind: "account.sync.v1",
+      schema: z.object({ account: z.string() }),
+      handle: async (data) => {
+        throw new PermanentError(`${reason} ${data.account}`);
+      },
+    });
+  };
+  const job = (account: string) => createEnvelope({ tenantId: "acme", kind: "account.sync.v1", data: { account } });
+
+  test("the push route answers only once its letter's alert reached BetterStack, and coalesced letters are counted in Postgres by then; a later invocation reports a count its process never summarized (#9 item 8)", async () => {
+    harness = await vercelHarness("push");
+    const h = harness;
+    let clock = Date.parse("2026-01-01T00:00:00Z");
+    const shared = pg.connect({ max: 2 }).db;
+    const alertsFor = () =>
+      alertsTo(endpoint, { db: shared, coalesceWindowMs: 60_000, now: () => clock, sdkOptions: slowBatches });
+    /** What BetterStack and the table held when each response returned. */
+    const atResponse: { status: number; logs: number; unreported: number | undefined }[] = [];
+    const route = (consumer: ReturnType<typeof refusing>, alerts: ReturnType<typeof alertsFor>) => {
+      const handler = h.queue.pushHandler(bindConsumer(consumer, { db: pg.db, alerts, logger: silentLogger }));
+      h.fake.subscribePush(
+        toVercelTopic(consumer.queue),
+        async (request) => {
+          const response = await handler(request);
+          atResponse.push({ status: response.status, logs: ingest.logs.length, unreported: await unreported() });
+          return response;
+        },
+        { group: `route_${toVercelTopic(consumer.name)}` },
+      );
+    };
+
+    // One function instance: three letters of one failure mode, one request each.
+    const closedAccounts = refusing("account closed:");
+    const first = alertsFor();
+    route(closedAccounts, first);
+    for (const account of ["acc-1001", "acc-2002", "acc-3003"]) {
+      await h.queue.publish(closedAccounts.queue, job(account));
+    }
+    await h.fake.dispatch({ concurrency: 1 });
+    expect(atResponse).toEqual([
+      { status: 200, logs: 1, unreported: 0 },
+      { status: 200, logs: 1, unreported: 1 },
+      { status: 200, logs: 1, unreported: 2 },
+    ]);
+    expect(ingest.logs[0]).toMatchObject({ softcrum_alert: "dead_letter", error_class: "permanent" });
+
+    // That instance is gone (never closed). After the window, another instance writes another letter:
+    // before it answers, the 2 letters the first one counted are reported.
+    clock += 60_000;
+    const frozenAccounts = refusing("account frozen:");
+    route(frozenAccounts, alertsFor());
+    await h.queue.publish(frozenAccounts.queue, job("acc-4004"));
+    await h.fake.dispatch({ concurrency: 1 });
+    expect(atResponse.at(-1)).toEqual({ status: 200, logs: 3, unreported: 0 });
+    expect(ingest.logs.slice(1)).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ softcrum_alert: "dead_letter", consumer: frozenAccounts.name }),
+        expect.objectContaining({
+          softcrum_alert: "dead_letters_coalesced",
+          count: 2,
+          consumer: closedAccounts.name,
+          first_dead_letter_id: ingest.logs[0]?.["dead_letter_id"],
+        }),
+      ]),
+    );
+    await first.close(); // its summary finds nothing left to report
+    expect(ingest.logs).toHaveLength(3);
+  });
+
+  test("receiveAvailable resolves only once its letters' alerts reached BetterStack; without a database, coalesced counts are sent at once (#9 item 8)", async () => {
+    harness = await vercelHarness("poll");
+    const consumer = refusing("account closed:");
+    const alerts = alertsTo(endpoint, { coalesceWindowMs: 60_000, sdkOptions: slowBatches });
+    const bound = bindConsumer(consumer, { db: pg.db, alerts, logger: silentLogger });
+    await harness.queue.publish(consumer.queue, job("acc-1"));
+    expect(await harness.queue.receiveAvailable(bound)).toBe(1);
+    expect(ingest.logs).toEqual([expect.objectContaining({ softcrum_alert: "dead_letter" })]);
+
+    await harness.queue.publish(consumer.queue, job("acc-2"));
+    await harness.queue.publish(consumer.queue, job("acc-3"));
+    expect(await harness.queue.receiveAvailable(bound)).toBe(2);
+    expect(ingest.logs.map((l) => [l["softcrum_alert"], l["count"]])).toEqual([
+      ["dead_letter", undefined],
+      ["dead_letters_coalesced", 2],
+    ]);
+    await alerts.close();
   });
 });

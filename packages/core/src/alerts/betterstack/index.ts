@@ -9,7 +9,10 @@
  * window produce the first alert and one summary with how many more there
  * were, not a storm. Given `db`, the windows live in `core.alert_windows` and
  * the whole fleet sends one alert per window; without it, each process
- * coalesces on its own. The SDK resolves even when it dropped a log, so it runs
+ * coalesces on its own. `flush()` (awaited by the Vercel adapter before a
+ * serverless invocation answers) sends what is due and leaves an open
+ * window's count in the table, where any process's later flush reports it
+ * once the window has ended; `close()` (a worker stopping) sends everything. The SDK resolves even when it dropped a log, so it runs
  * with `throwExceptions` and a failed delivery is counted and logged here; it
  * never blocks the harness or loses the dead-letter row (the row is the
  * evidence).
@@ -25,6 +28,7 @@ import {
   type AlertWindowKey,
   type AlertWindowStore,
   alertWindowKey,
+  type EndedWindow,
   memoryAlertWindows,
   postgresAlertWindows,
   type UnreportedOccurrences,
@@ -61,9 +65,16 @@ export interface BetterStackAlertOptions {
 }
 
 export interface BetterStackAlerts extends AlertPort {
-  /** Sends pending summaries and waits for everything queued to be delivered (or to fail). */
+  /**
+   * Waits until every alert so far is delivered (or failed) or durably
+   * counted: alerts and summaries due are sent; a window still open keeps its
+   * count in `core.alert_windows` (given `db`; without it the count is sent
+   * now, as nothing else would keep it); windows that ended with a count no
+   * summary took — their process ended first — are reported. Await it before
+   * a serverless function answers (the Vercel adapter does, through the harness).
+   */
   flush(): Promise<void>;
-  /** flush(), then stop the window timers. */
+  /** For a process that ends: every pending summary is sent now, open windows too; then the timers stop. */
   close(): Promise<void>;
   /** Deliveries that failed so far. */
   readonly failed: number;
@@ -73,6 +84,7 @@ export interface BetterStackAlerts extends AlertPort {
 interface PendingSummary {
   readonly key: AlertWindowKey;
   readonly windowNumber: number;
+  readonly windowStartedAt: number;
   readonly store: AlertWindowStore;
   /** One occurrence's alert, for the summary's wording (all share the fingerprint). */
   readonly sample: DeadLetterAlert;
@@ -106,12 +118,15 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
   const local = memoryAlertWindows();
   const shared = options.db ? postgresAlertWindows(options.db) : undefined;
   const pending = new Map<string, PendingSummary>();
-  const inFlight = new Set<Promise<unknown>>();
+  /** Coalescing decisions and summaries under way: each may still send. */
+  const deciding = new Set<Promise<unknown>>();
+  /** Logs handed to the SDK, settled once delivered (or failed). */
+  const sending = new Set<Promise<unknown>>();
   let failed = 0;
 
-  const track = <T>(work: Promise<T>): Promise<T> => {
-    inFlight.add(work);
-    void work.finally(() => inFlight.delete(work)).catch(() => {});
+  const track = <T>(work: Promise<T>, set = deciding): Promise<T> => {
+    set.add(work);
+    void work.finally(() => set.delete(work)).catch(() => {});
     return work;
   };
 
@@ -127,6 +142,7 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
           });
         },
       ),
+      sending,
     );
   };
 
@@ -163,24 +179,34 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
     );
   };
 
-  const report = (taken: UnreportedOccurrences, summary: PendingSummary) => {
-    const { sample } = summary;
+  /** One summary of a window's unreported count; `sample` (an occurrence's alert) when this process counted one. */
+  const report = (taken: UnreportedOccurrences, key: AlertWindowKey, sample?: DeadLetterAlert) => {
     send(
-      `${taken.count} more dead letters like ${taken.firstDeadLetterId}: ${sample.errorClass} in ${sample.consumer} (${sample.queue})`,
+      `${taken.count} more dead letters like ${taken.firstDeadLetterId}: ${key.errorClass} in ${key.consumer} (${key.queue})`,
       {
         softcrum_alert: "dead_letters_coalesced",
         count: taken.count,
         window_ms: now() - taken.windowStartedAt,
         window_started_at: new Date(taken.windowStartedAt).toISOString(),
         first_dead_letter_id: taken.firstDeadLetterId,
-        queue: sample.queue,
-        consumer: sample.consumer,
-        error_class: sample.errorClass,
-        error_fingerprint: summary.key.fingerprint,
-        error: sample.error,
-        ...postgresFields(sample),
+        queue: key.queue,
+        consumer: key.consumer,
+        error_class: key.errorClass,
+        error_fingerprint: key.fingerprint,
+        ...(sample ? { error: sample.error, ...postgresFields(sample) } : {}),
       },
-      sample,
+      sample ?? {
+        deadLetterId: taken.firstDeadLetterId,
+        jobId: null,
+        queue: key.queue,
+        consumer: key.consumer,
+        tenantId: null,
+        kind: null,
+        correlationId: null,
+        errorClass: key.errorClass,
+        attempts: 0,
+        error: "",
+      },
     );
   };
 
@@ -197,12 +223,46 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
       // alert carries it. Taken late: reported late, never dropped.
       logger.warn(`alert summary not taken: ${messageOf(thrown)}`, { deadLetterId: summary.sample.deadLetterId });
       taking.then(
-        (late) => late && report(late, summary),
+        (late) => late && report(late, summary.key, summary.sample),
         () => {},
       );
       return;
     }
-    if (taken) report(taken, summary);
+    if (taken) report(taken, summary.key, summary.sample);
+  };
+
+  /** Reports the windows that ended with a count no summary took (in the shared table: any process's). */
+  const sweepEnded = async (at: number) => {
+    if (!shared?.takeEnded) return;
+    const taking = shared.takeEnded(windowMs, at, SWEEP_LIMIT);
+    const reportAll = (ended: EndedWindow[]) => {
+      for (const window of ended) report(window, window.key);
+    };
+    try {
+      reportAll(await within(taking, timeoutMs));
+    } catch (thrown) {
+      // Not taken: the counts stay in the table for the next flush. Taken late: reported late.
+      logger.warn(`ended alert windows not taken: ${messageOf(thrown)}`);
+      taking.then(reportAll, () => {});
+    }
+  };
+
+  /** `final`: the process ends, so open windows are summarized too. */
+  const settle = async (final: boolean) => {
+    // Decisions still on their way may add sends or summaries: wait for them first.
+    while (deciding.size > 0) await Promise.allSettled([...deciding]);
+    const at = now();
+    // A window still open in the shared table keeps its count there, durably;
+    // a window of this process only would lose it if the process ended.
+    const due = [...pending].filter(
+      ([, summary]) => final || summary.store !== shared || summary.windowStartedAt + windowMs <= at,
+    );
+    await Promise.allSettled(due.map(([id, summary]) => summarize(id, summary)));
+    // Then what other processes left (their summaries first: they carry the error's wording).
+    await sweepEnded(at);
+    // Everything queued goes out now, not at the SDK's next batch.
+    await logtail.flush().catch(() => {});
+    await Promise.allSettled([...sending]);
   };
 
   const expectSummary = (
@@ -220,6 +280,7 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
     const summary: PendingSummary = {
       key,
       windowNumber: decision.windowNumber,
+      windowStartedAt: decision.windowStartedAt,
       store,
       sample,
       timer: setTimeout(() => void track(summarize(id, summary)), delay),
@@ -276,21 +337,17 @@ export function createBetterStackAlerts(options: BetterStackAlertOptions): Bette
         })(),
       );
     },
-    async flush() {
-      // Decisions still on their way may add sends or summaries: wait for them first.
-      while (inFlight.size > 0) await Promise.allSettled([...inFlight]);
-      await Promise.allSettled([...pending].map(([id, summary]) => summarize(id, summary)));
-      await Promise.allSettled([...inFlight]);
-      await logtail.flush().catch(() => {});
-      await Promise.allSettled([...inFlight]);
-    },
+    flush: () => settle(false),
     async close() {
-      await this.flush();
+      await settle(true);
       for (const summary of pending.values()) clearTimeout(summary.timer);
       pending.clear();
     },
   };
 }
+
+/** Most ended windows one flush reports; the rest wait for the next. */
+const SWEEP_LIMIT = 50;
 
 /** `work`, or a rejection once `ms` have passed without its answer. */
 async function within<T>(work: Promise<T>, ms: number): Promise<T> {
