@@ -1,0 +1,4 @@
+CREATE INDEX IF NOT EXISTS "dead_letters_replayed_idx" ON "core"."dead_letters" USING btree ("id") WHERE "core"."dead_letters"."status" = 'replayed';--> statement-breakpoint
+CREATE INDEX IF NOT EXISTS "dead_letters_replayed_batch_idx" ON "core"."dead_letters" USING btree ("replay_batch_id","id") WHERE "core"."dead_letters"."status" = 'replayed';--> statement-breakpoint
+CREATE INDEX IF NOT EXISTS "ops_audit_scope_ids_idx" ON "core"."ops_audit" USING gin (("scope" -> 'ids'));--> statement-breakpoint
+CREATE INDEX IF NOT EXISTS "ops_audit_scope_batch_idx" ON "core"."ops_audit" USING btree (("scope" ->> 'batchId'));
