@@ -309,29 +309,26 @@ export class DeadLetterOperations {
       // `at` is written with this clock, so the cutoff is taken from it too.
       const cutoff = new Date(this.clock.now() - p.retentionDays * 86_400_000);
       if (p.dryRun) {
-        // Bounded like a run: counted a batch at a time.
+        // Bounded like a run: counted a batch at a time, resuming after the
+        // last (at, id) read (carried as text: a Date would lose microseconds).
         let counted = 0;
         let batches = 0;
-        let after: { at: Date; id: string } | undefined;
+        let after: string | undefined;
         for (;;) {
-          const rows = await this.db
-            .select({ id: opsAudit.id, at: opsAudit.at })
-            .from(opsAudit)
-            .where(
-              and(
-                lt(opsAudit.at, cutoff),
-                after
-                  ? sql`(${opsAudit.at}, ${opsAudit.id}) > (${after.at.toISOString()}::timestamptz, ${after.id}::uuid)`
-                  : undefined,
-              ),
-            )
-            .orderBy(asc(opsAudit.at), asc(opsAudit.id))
-            .limit(p.batchSize);
+          const position = after
+            ? sql`and (at, id) > (split_part(${after}, '|', 1)::timestamptz, split_part(${after}, '|', 2)::uuid)`
+            : sql``;
+          const result = await this.db.execute(sql`
+            with page as (
+              select at, id from core.ops_audit where at < ${cutoff.toISOString()}::timestamptz ${position}
+              order by at, id limit ${p.batchSize})
+            select (select count(*)::int from page) as n,
+                   (select at::text || '|' || id from page order by at desc, id desc limit 1) as last`);
+          const [row] = rowsOf<{ n: number; last: string | null }>(result);
           batches += 1;
-          counted += rows.length;
-          const last = rows.at(-1);
-          if (!last || rows.length < p.batchSize) break;
-          after = { at: last.at, id: last.id };
+          counted += row?.n ?? 0;
+          if (!row?.last || (row.n ?? 0) < p.batchSize) break;
+          after = row.last;
         }
         return { deleted: counted, cutoff, batches, dryRun: true };
       }
@@ -482,46 +479,32 @@ export class DeadLetterOperations {
     // Each later letter belongs to the latest replay of its job and consumer
     // before it (ties broken by id): a chain of replays lists every failure
     // once, under its own batch.
-    const result = await this.db.execute(sql`
-      with scanned as materialized (
-        select o.id, o.job_id, o.consumer, o.status_changed_at, o.replay_batch_id
+    const replayed = sql`
         from core.dead_letters o
         where o.status = 'replayed'
           ${batchId ? sql`and o.replay_batch_id = ${batchId}::uuid` : sql``}
           ${afterReplayed ? sql`and o.id >= ${afterReplayed}::uuid` : sql``}
-        order by o.id
-        limit ${budget}
-      ), found as (
-        select n.id, s.id as replayed_from, s.replay_batch_id as batch_id
-        from scanned s
-        join lateral (
-          select n.id from core.dead_letters n
-          where n.job_id = s.job_id and n.consumer = s.consumer and n.id <> s.id
-            and n.created_at >= s.status_changed_at
-            and not exists (
-              select 1 from core.dead_letters l
-              where l.job_id = s.job_id and l.consumer = s.consumer and l.id <> n.id and l.status = 'replayed'
-                and l.status_changed_at <= n.created_at
-                and (l.status_changed_at > s.status_changed_at or (l.status_changed_at = s.status_changed_at and l.id > s.id)))
-        ) n on true
-        ${afterReplayed ? sql`where s.id > ${afterReplayed}::uuid or n.id > ${afterFailure}::uuid` : sql``}
-        order by s.id, n.id
-        limit ${p.limit + 1}
-      )
-      select f.id::text, f.replayed_from::text, f.batch_id::text, null::text as last_scanned, null::int as scanned from found f
-      union all
-      select null, null, null, (select id::text from scanned order by id desc limit 1), (select count(*)::int from scanned)`);
-    const rows = rowsOf<{
-      id: string | null;
-      replayed_from: string | null;
-      batch_id: string | null;
-      last_scanned: string | null;
-      scanned: number | null;
-    }>(result);
-    const summary = rows.find((r) => r.id === null);
-    const links = rows
-      .filter((r): r is typeof r & { id: string; replayed_from: string } => r.id !== null)
-      .sort((a, b) => compare(a.replayed_from, b.replayed_from) || compare(a.id, b.id));
+        order by o.id`;
+    // The replayed letters come in id order from the partial index and the
+    // lookups run one replayed letter at a time, so the page stops as soon as
+    // it has its rows; the budget bounds it when failures are rare.
+    const result = await this.db.execute(sql`
+      select n.id::text, s.id::text as replayed_from, s.replay_batch_id::text as batch_id
+      from (select o.id, o.job_id, o.consumer, o.status_changed_at, o.replay_batch_id ${replayed} limit ${budget}) s
+      cross join lateral (
+        select n.id from core.dead_letters n
+        where n.job_id = s.job_id and n.consumer = s.consumer and n.id <> s.id
+          and n.created_at >= s.status_changed_at
+          and not exists (
+            select 1 from core.dead_letters l
+            where l.job_id = s.job_id and l.consumer = s.consumer and l.id <> n.id and l.status = 'replayed'
+              and l.status_changed_at <= n.created_at
+              and (l.status_changed_at > s.status_changed_at or (l.status_changed_at = s.status_changed_at and l.id > s.id)))
+      ) n
+      ${afterReplayed ? sql`where s.id > ${afterReplayed}::uuid or n.id > ${afterFailure}::uuid` : sql``}
+      order by s.id, n.id
+      limit ${p.limit + 1}`);
+    const links = rowsOf<{ id: string; replayed_from: string; batch_id: string | null }>(result);
     const pageLinks = links.slice(0, p.limit);
     const letters = pageLinks.length
       ? await this.db
@@ -536,12 +519,12 @@ export class DeadLetterOperations {
       return letter ? [{ ...letter, replayedFrom: l.replayed_from, batchId: l.batch_id }] : [];
     });
     const last = pageLinks.at(-1);
-    const nextCursor =
-      links.length > p.limit && last
-        ? `${last.replayed_from}.${last.id}`
-        : (summary?.scanned ?? 0) >= budget && summary?.last_scanned
-          ? `${summary.last_scanned}.${AFTER_ALL}`
-          : null;
+    if (links.length > p.limit && last) return { items, nextCursor: `${last.replayed_from}.${last.id}` };
+    // Short page: it read every replayed letter left, or stopped at the budget's last one.
+    const [budgetEnd] = rowsOf<{ id: string }>(
+      await this.db.execute(sql`select o.id::text ${replayed} offset ${budget - 1} limit 1`),
+    );
+    const nextCursor = budgetEnd ? `${budgetEnd.id}.${AFTER_ALL}` : null;
     return { items, nextCursor };
   }
 
@@ -665,10 +648,6 @@ export class DeadLetterOperations {
 /** The operator to record for an action, even when the given one is invalid. */
 export function operatorName(operator: unknown): string {
   return typeof operator === "string" && operator.trim() !== "" ? operator.trim().slice(0, 200) : "(none given)";
-}
-
-function compare(a: string, b: string): number {
-  return a < b ? -1 : a > b ? 1 : 0;
 }
 
 function summarize(results: ActionReport["results"][number][]): ActionReport {
