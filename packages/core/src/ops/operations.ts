@@ -464,7 +464,7 @@ export class DeadLetterOperations {
    * It starts from replayed letters (dead_letters_replayed_idx, or
    * dead_letters_replayed_batch_idx with `batchId`) and looks up each one's
    * later letters by job and consumer, so no request reads the whole table:
-   * a page examines at most `max(1000, 20 × limit)` replayed letters. A page
+   * a page examines at most `max(5000, 50 × limit)` replayed letters. A page
    * can therefore hold fewer than `limit` items (even none) and still have a
    * `nextCursor`: follow it until it is null.
    */
@@ -475,7 +475,7 @@ export class DeadLetterOperations {
     const batchId = filter.batchId === undefined ? undefined : parseInput(z.uuid(), filter.batchId, "batch id");
     const p = parseInput(replayPageSchema, page, "page");
     const [, afterReplayed, afterFailure] = p.cursor ? (REPLAY_CURSOR.exec(p.cursor) as RegExpExecArray) : [];
-    const budget = Math.max(1000, p.limit * 20);
+    const budget = Math.max(5000, p.limit * 50);
     // Each later letter belongs to the latest replay of its job and consumer
     // before it (ties broken by id): a chain of replays lists every failure
     // once, under its own batch.

@@ -13,7 +13,7 @@ import { createOps, type Ops } from "./index.ts";
 
 const pg = useTestDatabase("ops-scale");
 const BATCH_A = "0190b3c4-aaaa-7000-8000-000000000001"; // 70,000 replayed letters, each failed again once
-const BATCH_B = "0190b3c4-bbbb-7000-8000-000000000002"; // 3,060 replayed letters, failures after the first 2,000 only
+const BATCH_B = "0190b3c4-bbbb-7000-8000-000000000002"; // 13,020 replayed letters, failures after the first 12,000 only
 const LETTER_WITH_HISTORY = "0190b3c4-cccc-7000-8000-000000000003";
 
 /** A UUID whose order is `major`, then `minor`. */
@@ -46,18 +46,18 @@ beforeAll(async () => {
     select gen_random_uuid(), job_id, 'q', 'scale.c', '{}', 5, 'e', 'exhausted', 'pending_review',
            now() - interval '1 day', null, null, null, null
     from replayed where replay_batch_id is not null or ('x' || substr(id::text, 1, 8))::bit(32)::int % 10 = 0`);
-  // Batch B, ids in a known order: letters 1..2000 never failed again (the first pages read only them);
-  // of 2001..3000, every 5th failed again, every 10th also has a discarded failure before that one,
+  // Batch B, ids in a known order: letters 1..12000 never failed again (the first pages read only them);
+  // of 12001..13000, every 5th failed again, every 10th also has a discarded failure before that one,
   // and every 50th's failure was replayed in its turn and failed once more (a chain).
   await sql.unsafe(`
     insert into core.dead_letters (${columns})
     select (${orderedId("i", "1")})::uuid, 'b-' || i, 'q', 'scale.c', '{}', 5, 'e', 'exhausted', 'replayed',
            now() - interval '3 days', now() - interval '2 days', 'ops', 'r', '${BATCH_B}'::uuid
-    from generate_series(1, 3000) i;
+    from generate_series(1, 13000) i;
     insert into core.dead_letters (${columns})
     select (${orderedId("i", "3")})::uuid, 'b-' || i, 'q', 'scale.c', '{}', 5, 'e', 'exhausted', 'discarded',
            now() - interval '40 hours', now() - interval '39 hours', 'ops', 'no', null
-    from generate_series(2010, 3000, 10) i;
+    from generate_series(12010, 13000, 10) i;
     insert into core.dead_letters (${columns})
     select (${orderedId("i", "2")})::uuid, 'b-' || i, 'q', 'scale.c', '{}', 5, 'e', 'exhausted',
            case when i % 50 = 0 then 'replayed' else 'pending_review' end,
@@ -65,11 +65,11 @@ beforeAll(async () => {
            case when i % 50 = 0 then now() - interval '20 hours' end,
            case when i % 50 = 0 then 'ops' end, 'r',
            case when i % 50 = 0 then '${BATCH_B}'::uuid end
-    from generate_series(2005, 3000, 5) i;
+    from generate_series(12005, 13000, 5) i;
     insert into core.dead_letters (${columns})
     select (${orderedId("i", "4")})::uuid, 'b-' || i, 'q', 'scale.c', '{}', 5, 'e', 'exhausted', 'pending_review',
            now() - interval '10 hours', null, null, null, null
-    from generate_series(2050, 3000, 50) i`);
+    from generate_series(12050, 13000, 50) i`);
   // 200,000 audit entries naming other letters and batches; 120 name one letter.
   await sql.unsafe(`
     insert into core.ops_audit (id, at, operator, action, scope, result)
@@ -177,7 +177,7 @@ describe("the replay-DLQ view and letter history at scale (#9 item 13)", () => {
 
   test("paging returns every failure exactly once, under the latest replay before it, across short pages that a bounded scan ends (#9 item 13)", async () => {
     const { seen, shortPagesWithMore } = await allPages(opsOn(), { batchId: BATCH_B }, 7);
-    // The first 2,000 replayed letters never failed again: pages that read 1,000 of them find nothing and say "more".
+    // The first 12,000 replayed letters never failed again: pages that read 5,000 of them find nothing and say "more".
     expect(shortPagesWithMore).toBeGreaterThanOrEqual(2);
     // What the unpaged view of main listed for this batch: each later letter under its latest earlier replay.
     const expected = await pg.sql<{ id: string; replayed_from: string }[]>`
