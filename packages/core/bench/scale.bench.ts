@@ -228,7 +228,8 @@ try {
   log(JSON.stringify(results["after"]));
 } finally {
   await sql.end();
-  await withAdmin(server.adminUrl, (admin) => admin`drop database if exists ${admin(name)} with (force)`);
+  if (process.env["SCALE_KEEP"]) log(`kept database ${name}`);
+  else await withAdmin(server.adminUrl, (admin) => admin`drop database if exists ${admin(name)} with (force)`);
   await server.stop();
 }
 console.log(JSON.stringify(results));
