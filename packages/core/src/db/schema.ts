@@ -108,12 +108,8 @@ export const deadLetters = core.table(
     index("dead_letters_job_consumer_idx").on(t.jobId, t.consumer),
     // The replay-DLQ view starts from replayed letters, in id order: all of
     // them, or one batch's (#9 item 13).
-    index("dead_letters_replayed_idx")
-      .on(t.id)
-      .where(sql`${t.status} = 'replayed'`),
-    index("dead_letters_replayed_batch_idx")
-      .on(t.replayBatchId, t.id)
-      .where(sql`${t.status} = 'replayed'`),
+    index("dead_letters_replayed_idx").on(t.id).where(sql`${t.status} = 'replayed'`),
+    index("dead_letters_replayed_batch_idx").on(t.replayBatchId, t.id).where(sql`${t.status} = 'replayed'`),
     check("dead_letters_status_valid", sql`${t.status} in (${inList(DEAD_LETTER_STATUSES)})`),
     check("dead_letters_error_class_valid", sql`${t.errorClass} in (${inList(ERROR_CLASSES)})`),
     check("dead_letters_payload_encoding_valid", sql`${t.payloadEncoding} in ('utf8', 'base64')`),
