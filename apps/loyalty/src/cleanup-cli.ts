@@ -1,12 +1,24 @@
-// `pnpm fences:cleanup [--dry-run]`: runs the processed_jobs TTL cleanup once, by hand.
+// `pnpm fences:cleanup [--dry-run [--max-batches N]]`: runs the processed_jobs TTL cleanup once, by hand.
 // DATABASE_URL is required; FENCE_TTL_HOURS (default 192) and SOFTCRUM_QUEUE as for the worker.
+// A dry run reads the pages a run would delete from, without deleting; it
+// stops after N pages of 5,000 rows (default 200, 1M rows), so on a large
+// table it reports a lower bound ("at least") instead of counting every
+// expired row.
 import { createFenceCleanup } from "@softcrum/core/maintenance";
 import { createLoyaltyModule } from "./composition-root.ts";
 
-const dryRun = process.argv.includes("--dry-run");
-const unknown = process.argv.slice(2).filter((a) => a !== "--dry-run");
-if (unknown.length > 0) {
-  console.error(`unknown argument: ${unknown.join(" ")}\nusage: pnpm fences:cleanup [--dry-run]`);
+const usage = "usage: pnpm fences:cleanup [--dry-run [--max-batches N]]";
+const args = process.argv.slice(2);
+const dryRun = args.includes("--dry-run");
+const maxAt = args.indexOf("--max-batches");
+const maxBatches = maxAt >= 0 ? Number(args[maxAt + 1]) : 200;
+const unknown = args.filter((a, i) => a !== "--dry-run" && !(maxAt >= 0 && (i === maxAt || i === maxAt + 1)));
+if (unknown.length > 0 || !Number.isInteger(maxBatches) || maxBatches < 1 || (maxAt >= 0 && !dryRun)) {
+  console.error(
+    unknown.length > 0
+      ? `unknown argument: ${unknown.join(" ")}\n${usage}`
+      : `--max-batches takes a whole number >= 1, with --dry-run\n${usage}`,
+  );
   process.exit(2);
 }
 const databaseUrl = process.env["DATABASE_URL"];
@@ -24,10 +36,14 @@ try {
     consumers: module.consumers,
     transportHoldMs,
   });
-  const report = await cleanup.run({ dryRun });
+  const report = await cleanup.run(dryRun ? { dryRun, maxBatches } : {});
+  const atLeast = report.complete ? "" : "at least ";
   console.log(
     dryRun
-      ? `dry run: would delete ${report.deleted} fence rows older than ${hours} h; ${report.keptForPendingDeadLetters} expired rows are kept for pending dead letters, ${report.keptForReplays} for recent replays`
+      ? `dry run: would delete ${atLeast}${report.deleted} fence rows older than ${hours} h; ${report.keptForPendingDeadLetters} expired rows are kept for pending dead letters, ${report.keptForReplays} for recent replays` +
+          (report.complete
+            ? ""
+            : ` (read the first ${report.scanned} expired rows only, in ${report.batches} page${report.batches === 1 ? "" : "s"}: raise --max-batches to read further)`)
       : `deleted ${report.deleted} fence rows older than ${hours} h in ${report.batches} batches (${report.durationMs} ms); kept ${report.keptForPendingDeadLetters} for pending dead letters and ${report.keptForReplays} for recent replays`,
   );
 } catch (error) {

@@ -69,6 +69,18 @@ describe("the loyalty worker's maintenance", () => {
     const bad = await cleanupCommand(["--now"]);
     expect(bad.code).toBe(2);
   });
+
+  test("a dry run reads at most --max-batches pages and says its figures are a lower bound (#9 item 12)", async () => {
+    await expiredFences(10_001);
+    const dry = await cleanupCommand(["--dry-run", "--max-batches", "1"]);
+    expect(dry.code, dry.stderr).toBe(0);
+    expect(dry.stdout).toMatch(/dry run: would delete at least 5000 fence rows older than 192 h/);
+    expect(dry.stdout).toMatch(/read the first 5000 expired rows only, in 1 page:/);
+    const whole = await cleanupCommand(["--dry-run", "--max-batches", "3"]);
+    expect(whole.stdout).toMatch(/dry run: would delete 10001 fence rows/);
+    expect(await fenceCount()).toBe(10_001);
+    expect((await cleanupCommand(["--max-batches", "1"])).code).toBe(2);
+  });
 });
 
 describe("pnpm worker", () => {

@@ -19,8 +19,10 @@ import {
   type ActionReport,
   type BatchView,
   createOps,
+  DEFAULT_AUDIT_RETENTION_DAYS,
   DEFAULT_BATCH_POLICY,
   type DeadLetterFilter,
+  MIN_AUDIT_RETENTION_DAYS,
   type Ops,
 } from "@softcrum/core/ops";
 import { createOpsBinding } from "@softcrum/example-loyalty/ops-binding";
@@ -244,7 +246,11 @@ export function buildProgram(): Command {
           out(
             `\nrelated failures of this job:\n${table(d.related as unknown as Record<string, unknown>[], ["id", "createdAt", "errorClass", "status", "replayBatchId"])}`,
           );
-        if (d.history.length) out(`\nhistory:\n${table(d.history, ["at", "operator", "action", "result", "detail"])}`);
+        if (d.history.length)
+          out(
+            `\nhistory:\n${table(d.history as unknown as Record<string, unknown>[], ["at", "operator", "action", "result", "detail"])}`,
+          );
+        if (d.historyNextCursor) out(`more history: pnpm ops dlq history ${d.id} --cursor ${d.historyNextCursor}`);
       }),
     );
 
@@ -272,25 +278,54 @@ export function buildProgram(): Command {
 
   dlq
     .command("failed-after-replay")
-    .description("replayed jobs that failed again (the replay-DLQ view)")
+    .description("replayed jobs that failed again (the replay-DLQ view), a page at a time")
     .option("--batch <id>", "only this batch")
+    .option("--limit <n>", "rows per page", "50")
+    .option("--cursor <cursor>", "continue from this cursor (printed at the end of a page)")
     .option("--json", "JSON output")
     .action((o) =>
       withOps(async ({ ops }) => {
-        const items = await ops.deadLetters.failedAfterReplay(o.batch ? { batchId: o.batch } : {});
+        const page = await ops.deadLetters.failedAfterReplay(o.batch ? { batchId: o.batch } : {}, {
+          limit: o.limit,
+          ...(o.cursor ? { cursor: o.cursor } : {}),
+        });
+        if (o.json) {
+          out(json(page));
+          return;
+        }
         out(
-          o.json
-            ? json({ items })
-            : table(items as unknown as Record<string, unknown>[], [
-                "id",
-                "createdAt",
-                "batchId",
-                "replayedFrom",
-                "consumer",
-                "errorClass",
-                "lastError",
-              ]),
+          table(page.items as unknown as Record<string, unknown>[], [
+            "id",
+            "createdAt",
+            "batchId",
+            "replayedFrom",
+            "consumer",
+            "errorClass",
+            "lastError",
+          ]),
         );
+        // A page reads a bounded number of replayed letters, so it may be short (even empty) with more to come.
+        if (page.nextCursor) out(`more: --cursor ${page.nextCursor}`);
+      }),
+    );
+
+  dlq
+    .command("history <id>")
+    .description("a letter's audit history, oldest first, a page at a time")
+    .option("--limit <n>", "rows per page", "50")
+    .option("--cursor <id>", "continue after this entry (printed at the end of a page)")
+    .option("--json", "JSON output")
+    .action((id, o) =>
+      withOps(async ({ ops }) => {
+        const page = await ops.deadLetters.history(id, { limit: o.limit, ...(o.cursor ? { cursor: o.cursor } : {}) });
+        if (o.json) {
+          out(json(page));
+          return;
+        }
+        out(
+          table(page.items as unknown as Record<string, unknown>[], ["at", "operator", "action", "result", "detail"]),
+        );
+        if (page.nextCursor) out(`more: --cursor ${page.nextCursor}`);
       }),
     );
 
@@ -302,6 +337,37 @@ export function buildProgram(): Command {
       withOps(async ({ ops }) => {
         const items = await ops.deadLetters.depth();
         out(o.json ? json({ items }) : table(items, ["queue", "consumer", "pending", "oldestPendingAgeMs"]));
+      }),
+    );
+
+  program
+    .command("audit")
+    .description("the audit log (core.ops_audit)")
+    .command("prune")
+    .description(
+      `delete audit entries older than the retention (never fewer than ${MIN_AUDIT_RETENTION_DAYS} days); the prune is audited`,
+    )
+    .option(
+      "--retention-days <days>",
+      `keep this many days (default $SOFTCRUM_AUDIT_RETENTION_DAYS or ${DEFAULT_AUDIT_RETENTION_DAYS})`,
+    )
+    .option("--dry-run", "count what would be deleted, delete nothing")
+    .option("--operator <name>", "who (default $SOFTCRUM_OPERATOR)")
+    .option("--json", "JSON output")
+    .action((o) =>
+      withOps(async ({ ops }) => {
+        const retentionDays =
+          o.retentionDays ?? process.env["SOFTCRUM_AUDIT_RETENTION_DAYS"] ?? DEFAULT_AUDIT_RETENTION_DAYS;
+        const report = await ops.deadLetters.pruneAudit({
+          operator: operatorFrom(o),
+          retentionDays,
+          dryRun: Boolean(o.dryRun),
+        });
+        out(
+          o.json
+            ? json(report)
+            : `${report.dryRun ? "dry run: would delete" : "deleted"} ${report.deleted} audit entries older than ${report.cutoff.toISOString()} (${retentionDays} days)`,
+        );
       }),
     );
 

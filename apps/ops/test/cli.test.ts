@@ -220,4 +220,63 @@ describe("pnpm ops, end to end on a real database", () => {
     const noDatabase = await ops(["dlq", "list"], { DATABASE_URL: "" });
     expect(noDatabase).toMatchObject({ code: 2, stderr: expect.stringMatching(/DATABASE_URL is not set/) });
   });
+
+  test("failed-after-replay and history page with --limit and --cursor; audit prune keeps its retention (#9 item 13)", async () => {
+    // Three replayed letters of one consumer, each failed again.
+    await pg.sql`
+      with replayed as (
+        insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class, status,
+                                       created_at, status_changed_at, status_changed_by, status_reason)
+        select gen_random_uuid(), 'paging-' || i, 'q', 'paging.c', '{}', 5, 'e', 'exhausted', 'replayed',
+               now() - interval '2 days', now() - interval '1 day', 'ana', 'r'
+        from generate_series(1, 3) i
+        returning job_id)
+      insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+      select gen_random_uuid(), job_id, 'q', 'paging.c', '{}', 5, 'e', 'exhausted' from replayed`;
+    const all = await opsJson(["dlq", "failed-after-replay", "--limit", "500"]);
+    expect(all.nextCursor).toBeNull();
+    const paged: string[] = [];
+    let cursor: string | null = null;
+    do {
+      const page = await opsJson([
+        "dlq",
+        "failed-after-replay",
+        "--limit",
+        "1",
+        ...(cursor ? ["--cursor", cursor] : []),
+      ]);
+      expect(page.items.length).toBeLessThanOrEqual(1);
+      paged.push(...page.items.map((l: { id: string }) => l.id));
+      cursor = page.nextCursor;
+    } while (cursor);
+    expect(paged).toEqual(all.items.map((l: { id: string }) => l.id));
+    expect(paged.length).toBeGreaterThanOrEqual(3);
+    const human = await ops(["dlq", "failed-after-replay", "--limit", "1"]);
+    expect(human.stdout).toMatch(/more: --cursor [0-9a-f-]{36}\.[0-9a-f-]{36}/);
+
+    const [letter] = await pg.sql<{ id: string }[]>`select id from core.dead_letters where job_id = 'paging-1' limit 1`;
+    for (const reason of ["first look", "second look"]) {
+      await ops(["dlq", "discard", letter?.id as string, "--reason", reason, "--operator", "ana"]);
+    }
+    const history = await opsJson(["dlq", "history", letter?.id as string, "--limit", "1"]);
+    expect(history.items).toHaveLength(1);
+    expect(history.nextCursor).toEqual(expect.any(String));
+    const rest = await opsJson(["dlq", "history", letter?.id as string, "--cursor", history.nextCursor]);
+    expect(rest.items).toHaveLength(1);
+
+    await pg.sql`
+      insert into core.ops_audit (id, at, operator, action, scope, result)
+      values (gen_random_uuid(), now() - interval '500 days', 'old', 'dead_letter.discard', '{}', 'ok'),
+             (gen_random_uuid(), now() - interval '20 days', 'recent', 'dead_letter.discard', '{}', 'ok')`;
+    const tooShort = await ops(["audit", "prune", "--retention-days", "7", "--operator", "ana"]);
+    expect(tooShort).toMatchObject({ code: 2, stderr: expect.stringMatching(/at least 30 days/) });
+    const dry = await ops(["audit", "prune", "--dry-run", "--operator", "ana"]);
+    expect(dry.stdout).toMatch(/dry run: would delete 1 audit entries older than .* \(400 days\)/);
+    const pruned = await opsJson(["audit", "prune", "--retention-days", "30", "--operator", "ana"]);
+    expect(pruned).toMatchObject({ deleted: 1, dryRun: false });
+    const left = await pg.sql<
+      { operator: string }[]
+    >`select operator from core.ops_audit where operator in ('old', 'recent')`;
+    expect(left).toEqual([{ operator: "recent" }]);
+  });
 });

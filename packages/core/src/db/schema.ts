@@ -118,6 +118,10 @@ export const deadLetters = core.table(
     index("dead_letters_pending_kind_class_idx")
       .on(t.kind, t.errorClass, t.id)
       .where(sql`${t.status} = 'pending_review'`),
+    // The replay-DLQ view starts from replayed letters, in id order: all of
+    // them, or one batch's (#9 item 13).
+    index("dead_letters_replayed_idx").on(t.id).where(sql`${t.status} = 'replayed'`),
+    index("dead_letters_replayed_batch_idx").on(t.replayBatchId, t.id).where(sql`${t.status} = 'replayed'`),
     check("dead_letters_status_valid", sql`${t.status} in (${inList(DEAD_LETTER_STATUSES)})`),
     check("dead_letters_error_class_valid", sql`${t.errorClass} in (${inList(ERROR_CLASSES)})`),
     check("dead_letters_payload_encoding_valid", sql`${t.payloadEncoding} in ('utf8', 'base64')`),
@@ -245,6 +249,9 @@ export const opsAudit = core.table(
   },
   (t) => [
     index("ops_audit_at_idx").on(t.at),
+    // A letter's history: the entries naming it among their ids, or naming its batch (#9 item 13).
+    index("ops_audit_scope_ids_idx").using("gin", sql`(${t.scope} -> 'ids')`),
+    index("ops_audit_scope_batch_idx").on(sql`(${t.scope} ->> 'batchId')`),
     check("ops_audit_result_valid", sql`${t.result} in ('ok', 'rejected', 'refused', 'error')`),
   ],
 );

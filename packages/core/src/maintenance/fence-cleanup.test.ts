@@ -38,7 +38,118 @@ async function deadLetter(jobId: string, status: "pending_review" | "replayed" |
 const remaining = async () =>
   (await pg.sql<{ job_id: string }[]>`select job_id from core.processed_jobs`).map((r) => r.job_id);
 
+/** A plan node of `EXPLAIN (FORMAT JSON)`. */
+interface PlanNode {
+  "Node Type": string;
+  "Relation Name"?: string;
+  Plans?: PlanNode[];
+}
+/** Scans of `relation` under `node` that no Limit bounds. */
+function unboundedScans(node: PlanNode, relation: string): PlanNode[] {
+  if (node["Node Type"] === "Limit") return [];
+  const own = node["Relation Name"] === relation && /Scan/.test(node["Node Type"]) ? [node] : [];
+  return [...own, ...(node.Plans ?? []).flatMap((child) => unboundedScans(child, relation))];
+}
+/** Aggregates (counts) over rows of `relation` that no Limit bounds: a count of the whole expired set. */
+function unboundedCounts(node: PlanNode, relation: string): PlanNode[] {
+  const own = node["Node Type"] === "Aggregate" && unboundedScans(node, relation).length > 0 ? [node] : [];
+  return [...own, ...(node.Plans ?? []).flatMap((child) => unboundedCounts(child, relation))];
+}
+
+/**
+ * 30,000 expired fences (and 2,000 fresh ones): 1,100 kept for pending letters
+ * (100 of them also replayed), 1,000 kept for a replay or discard less than a
+ * TTL ago, 500 whose replay is older than the TTL (deleted).
+ */
+async function expiredWithLetters() {
+  await pg.sql`
+    insert into core.processed_jobs (job_id, consumer, processed_at)
+    select gen_random_uuid(), 'cleanup.award', now() - interval '2 days' - make_interval(secs => n) from generate_series(1, 30000) n`;
+  await pg.sql`
+    insert into core.processed_jobs (job_id, consumer, processed_at)
+    select gen_random_uuid(), 'cleanup.award', now() - interval '1 hour' from generate_series(1, 2000)`;
+  await pg.sql`
+    with numbered as (
+      select job_id::text as job_id, row_number() over (order by job_id) as n
+      from core.processed_jobs where processed_at < now() - interval '1 day'
+    ), letters as (
+      select job_id, 'pending_review' as status, null::interval as ago from numbered where n <= 1100
+      union all select job_id, 'replayed', interval '2 hours' from numbered where n between 1001 and 1100
+      union all select job_id, 'replayed', interval '10 minutes' from numbered where n between 1101 and 1800
+      union all select job_id, 'discarded', interval '10 minutes' from numbered where n between 1801 and 2100
+      union all select job_id, 'replayed', interval '25 hours' from numbered where n between 2101 and 2600
+    )
+    insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class, status,
+                                   status_changed_at, status_changed_by, status_reason)
+    select gen_random_uuid(), job_id, 'q', 'other.consumer', '{}', 5, 'e', 'exhausted', status,
+           now() - ago, case when ago is null then null else 'ops' end, 'r'
+    from letters`;
+  await pg.sql`analyze core.processed_jobs`;
+  await pg.sql`analyze core.dead_letters`;
+}
+
 describe("fence TTL cleanup", () => {
+  test("sends no statement that counts the expired rows as a whole: every count is over a bounded page (#9 item 12)", async () => {
+    await expiredWithLetters();
+    const statements: { query: string; parameters: unknown[] }[] = [];
+    const client = postgres(pg.url, {
+      max: 1,
+      onnotice: () => {},
+      debug: (_connection, query, parameters) => statements.push({ query, parameters }),
+    });
+    try {
+      const cleanup = createFenceCleanup({
+        db: drizzle({ client }),
+        ttlMs: 24 * HOUR,
+        consumers: [consumer],
+        batchSize: 1000,
+        pauseBetweenBatchesMs: 0,
+      });
+      // The plans are read before the run: the pages of a run that deleted would be gone.
+      await cleanup.run({ dryRun: true });
+      await cleanup.run({ maxBatches: 2 });
+    } finally {
+      await client.end();
+    }
+    const touching = statements.filter((s) => s.query.includes("core.processed_jobs"));
+    expect(touching.length).toBeGreaterThanOrEqual(3);
+    for (const { query, parameters } of touching) {
+      const [row] = await pg.sql.unsafe<{ "QUERY PLAN": { Plan: PlanNode }[] }[]>(
+        `explain (format json) ${query}`,
+        parameters as never[],
+      );
+      const plan = row?.["QUERY PLAN"][0]?.Plan as PlanNode;
+      expect(unboundedCounts(plan, "processed_jobs"), query).toEqual([]);
+    }
+  });
+
+  test("the report's figures are sums over the pages it scanned and add up, in a dry run and a real one (#9 item 12)", async () => {
+    await expiredWithLetters();
+    const cleanup = createFenceCleanup({
+      db: pg.db,
+      ttlMs: 24 * HOUR,
+      consumers: [consumer],
+      batchSize: 1000,
+      pauseBetweenBatchesMs: 0,
+    });
+    const expected = { scanned: 30_000, deleted: 27_900, keptForPendingDeadLetters: 1100, keptForReplays: 1000 };
+    const bounded = await cleanup.run({ dryRun: true, maxBatches: 3 });
+    expect(bounded).toMatchObject({ scanned: 3000, batches: 3, complete: false, dryRun: true });
+    expect(bounded.deleted + bounded.keptForPendingDeadLetters + bounded.keptForReplays).toBe(3000);
+
+    const dry = await cleanup.run({ dryRun: true });
+    expect(dry).toMatchObject({ ...expected, batches: 31, complete: true });
+    const [before] = await pg.sql<{ n: number }[]>`select count(*)::int as n from core.processed_jobs`;
+    expect(before?.n).toBe(32_000);
+
+    const report = await cleanup.run();
+    expect(report).toMatchObject({ ...expected, batches: 31, complete: true, dryRun: false });
+    const [after] = await pg.sql<{ n: number }[]>`select count(*)::int as n from core.processed_jobs`;
+    expect(after?.n).toBe(32_000 - 27_900);
+    // A second run finds only the kept rows, and says so.
+    expect(await cleanup.run()).toMatchObject({ scanned: 2100, deleted: 0, keptForPendingDeadLetters: 1100 });
+  });
+
   test("deletes expired rows, keeps rows inside the TTL and rows whose job has a pending dead letter", async () => {
     const expired = await fences(5, 25 * HOUR);
     const fresh = await fences(3, 10 * 60_000);

@@ -22,7 +22,7 @@
  * rows another transaction holds, so live consumers inserting fences are never
  * blocked for long.
  */
-import { type SQL, sql } from "drizzle-orm";
+import { sql } from "drizzle-orm";
 import type { AnyPgDatabase, Consumer } from "../consumer.ts";
 import { InvalidConfigError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
@@ -55,9 +55,17 @@ export interface FenceCleanupOptions {
   readonly transportHoldMs?: number;
 }
 
+/**
+ * What a run did. Every figure is a sum over the pages the run scanned (no
+ * statement counts the expired rows as a whole), so
+ * `scanned = deleted + keptForPendingDeadLetters + keptForReplays`; rows a
+ * live transaction held (SKIP LOCKED) are in none of them and go next run.
+ */
 export interface CleanupReport {
   /** Rows deleted (or, in a dry run, that would be). */
   readonly deleted: number;
+  /** Expired rows read, in `batches` pages of at most `batchSize`. */
+  readonly scanned: number;
   /** Expired rows kept because their job has a pending dead letter. */
   readonly keptForPendingDeadLetters: number;
   /**
@@ -66,13 +74,24 @@ export interface CleanupReport {
    */
   readonly keptForReplays: number;
   readonly batches: number;
+  /**
+   * True when the run reached the end of the expired rows; false when
+   * `maxBatches` or the signal stopped it first, so the figures cover only
+   * the pages read (for a dry run: a lower bound of what a full run would do).
+   */
+  readonly complete: boolean;
   readonly durationMs: number;
   readonly dryRun: boolean;
 }
 
 export interface FenceCleanup {
   readonly ttlMs: number;
-  /** Deletes expired rows until none is left (or `maxBatches`), or only counts them with `dryRun`. */
+  /**
+   * Deletes expired rows until none is left (or `maxBatches`). With `dryRun`
+   * it reads the same pages without locking or deleting and reports what it
+   * would do: give it `maxBatches` to bound it (`complete` says whether the
+   * figures cover every expired row or only the pages read).
+   */
   run(options?: { dryRun?: boolean; maxBatches?: number; signal?: AbortSignal }): Promise<CleanupReport>;
 }
 
@@ -176,41 +195,31 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
   const expired = sql`p.consumer in ${names} and p.processed_at < now() - make_interval(secs => ${seconds})`;
   // A letter that a replay may still depend on: pending, or replayed or
   // discarded (status_changed_at is set in the transaction that publishes a
-  // replay) less than a TTL ago. Two anti-joins, so the pending one stays a hash of
-  // the few pending letters (status index) and the replayed one is at most an
-  // index probe (dead_letters_job_consumer_idx) per row.
-  const noLetterDependsOn = (jobId: SQL) => sql`
-    not exists (select 1 from core.dead_letters d where d.job_id = ${jobId}::text and d.status = 'pending_review')
-    and not exists (select 1 from core.dead_letters d where d.job_id = ${jobId}::text and d.status in ('replayed', 'discarded')
-                      and d.status_changed_at >= now() - make_interval(secs => ${seconds}))`;
-  const kept = sql`
-    select count(*) filter (where k.pending)::int as pending,
-           count(*) filter (where not k.pending)::int as replays
-    from core.processed_jobs p
-    join (
-      select d.job_id, bool_or(d.status = 'pending_review') as pending from core.dead_letters d
-      where d.status = 'pending_review'
-         or (d.status in ('replayed', 'discarded') and d.status_changed_at >= now() - make_interval(secs => ${seconds}))
-      group by d.job_id
-    ) k on k.job_id = p.job_id::text
-    where ${expired}`;
+  // replay) less than a TTL ago. Each is at most an index probe
+  // (dead_letters_job_consumer_idx) per row of the page.
+  // Each page is classified once: deleted, or kept for a letter that depends
+  // on it. The report's figures are the sums over the pages scanned, so no
+  // statement ever counts the expired rows as a whole (#9 item 12).
+  const classified = sql`
+    select page.job_id, page.consumer,
+           exists (select 1 from core.dead_letters d where d.job_id = page.job_id::text and d.status = 'pending_review') as pending,
+           exists (select 1 from core.dead_letters d where d.job_id = page.job_id::text and d.status in ('replayed', 'discarded')
+                     and d.status_changed_at >= now() - make_interval(secs => ${seconds})) as replay
+    from page`;
+  const lastOfPage = sql`(select to_char(processed_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '|' || job_id || '|' || consumer
+                    from page order by processed_at desc, job_id desc, consumer desc limit 1) as last`;
+  const figures = sql`(select count(*)::int from page) as scanned,
+                 (select count(*) filter (where c.pending)::int from classified c) as pending,
+                 (select count(*) filter (where c.replay and not c.pending)::int from classified c) as replays`;
 
   return {
     ttlMs,
     async run(runOptions = {}) {
       const started = performance.now();
-      const [keptRow] = rowsOf<{ pending: number; replays: number }>(await db.execute(kept));
-      const keptCounts = { pending: keptRow?.pending ?? 0, replays: keptRow?.replays ?? 0 };
-      if (runOptions.dryRun) {
-        const [would] = rowsOf<{ n: number }>(
-          await db.execute(
-            sql`select count(*)::int as n from core.processed_jobs p where ${expired} and ${noLetterDependsOn(sql`p.job_id`)}`,
-          ),
-        );
-        return report(would?.n ?? 0, keptCounts, 0, started, true);
-      }
-      let deleted = 0;
+      const dryRun = runOptions.dryRun ?? false;
+      const totals = { deleted: 0, scanned: 0, pending: 0, replays: 0 };
       let batches = 0;
+      let complete = false;
       // Keyset paging: each batch starts after the last row the previous one
       // reached, so rows kept for pending dead letters are read once per run.
       let after: { at: string; jobId: string; consumer: string } | undefined;
@@ -220,51 +229,58 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         const position = after
           ? sql`and (p.processed_at, p.job_id, p.consumer) > (${after.at}::timestamptz, ${after.jobId}::uuid, ${after.consumer})`
           : sql``;
-        // Oldest first through the expiry index; SKIP LOCKED never waits on a live transaction.
-        const result = await db.execute(sql`
-          with page as (
+        // Oldest first through the expiry index; SKIP LOCKED never waits on a
+        // live transaction. A dry run reads the same pages without locking or deleting.
+        const page = sql`
             select p.job_id, p.consumer, p.processed_at from core.processed_jobs p
             where ${expired} ${position}
             order by p.processed_at, p.job_id, p.consumer
-            limit ${batchSize}
-            for update skip locked
-          ), victim as (
-            delete from core.processed_jobs t using page
-            where t.job_id = page.job_id and t.consumer = page.consumer
-              and ${noLetterDependsOn(sql`page.job_id`)}
+            limit ${batchSize}`;
+        const result = await db.execute(
+          dryRun
+            ? sql`
+          with page as (${page}), classified as (${classified})
+          select (select count(*)::int from classified c where not c.pending and not c.replay) as deleted,
+                 ${figures}, ${lastOfPage}`
+            : sql`
+          with page as (${page} for update skip locked), classified as materialized (${classified}), victim as (
+            delete from core.processed_jobs t using classified c
+            where t.job_id = c.job_id and t.consumer = c.consumer and not c.pending and not c.replay
             returning 1
           )
-          select (select count(*)::int from victim) as deleted,
-                 (select count(*)::int from page) as scanned,
-                 (select to_char(processed_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '|' || job_id || '|' || consumer
-                    from page order by processed_at desc, job_id desc, consumer desc limit 1) as last`);
-        const [row] = rowsOf<{ deleted: number; scanned: number; last: string | null }>(result);
+          select (select count(*)::int from victim) as deleted, ${figures}, ${lastOfPage}`,
+        );
+        const [row] = rowsOf<{
+          deleted: number;
+          scanned: number;
+          pending: number;
+          replays: number;
+          last: string | null;
+        }>(result);
         batches += 1;
-        deleted += row?.deleted ?? 0;
-        if (!row?.last || (row.scanned ?? 0) < batchSize) break;
+        totals.deleted += row?.deleted ?? 0;
+        totals.scanned += row?.scanned ?? 0;
+        totals.pending += row?.pending ?? 0;
+        totals.replays += row?.replays ?? 0;
+        if (!row?.last || (row.scanned ?? 0) < batchSize) {
+          complete = true;
+          break;
+        }
         const [at, jobId, consumer] = row.last.split("|") as [string, string, string];
         after = { at, jobId, consumer };
-        if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
+        if (pauseMs > 0 && !dryRun) await new Promise((resolve) => setTimeout(resolve, pauseMs));
       }
-      return report(deleted, keptCounts, batches, started, false);
+      return {
+        deleted: totals.deleted,
+        keptForPendingDeadLetters: totals.pending,
+        keptForReplays: totals.replays,
+        scanned: totals.scanned,
+        batches,
+        complete,
+        durationMs: Math.round(performance.now() - started),
+        dryRun,
+      };
     },
-  };
-}
-
-function report(
-  deleted: number,
-  kept: { pending: number; replays: number },
-  batches: number,
-  started: number,
-  dryRun: boolean,
-): CleanupReport {
-  return {
-    deleted,
-    keptForPendingDeadLetters: kept.pending,
-    keptForReplays: kept.replays,
-    batches,
-    durationMs: Math.round(performance.now() - started),
-    dryRun,
   };
 }
 

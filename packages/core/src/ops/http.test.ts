@@ -291,4 +291,40 @@ describe("operations over HTTP", () => {
     expect(run.body.error?.message).toMatch(/awaits approval/);
     expect(id).toBeTruthy();
   });
+
+  test("the replay view and a letter's history are paged over HTTP, and an unknown query parameter is refused (#9 item 13)", async () => {
+    const a = await deadLetter("p1");
+    const b = await deadLetter("p2");
+    const t = await operator("ana");
+    // Both replayed, both still broken: each fails again.
+    await call("POST", "/dead-letters/replay", { token: t, body: { ids: [a.id, b.id], reason: "try" } });
+    await queue.drain();
+
+    const first = await call("GET", "/dead-letters/failed-after-replay?limit=1", { token: t });
+    expect(first.status).toBe(200);
+    expect(first.body["items"]).toHaveLength(1);
+    expect(first.body["nextCursor"]).toEqual(expect.any(String));
+    const second = await call(
+      "GET",
+      `/dead-letters/failed-after-replay?limit=1&cursor=${encodeURIComponent(first.body["nextCursor"] as string)}`,
+      { token: t },
+    );
+    expect(second.body["items"]).toHaveLength(1);
+    expect(second.body["nextCursor"]).toBeNull();
+    const replayedFrom = [first, second].map((p) => (p.body["items"] as { replayedFrom: string }[])[0]?.replayedFrom);
+    expect(new Set(replayedFrom)).toEqual(new Set([a.id, b.id]));
+
+    const typo = await call("GET", "/dead-letters/failed-after-replay?batch=x", { token: t });
+    expect(typo.status).toBe(400);
+    expect(typo.body.error?.message).toMatch(/unknown query parameter "batch"/);
+    const badCursor = await call("GET", "/dead-letters/failed-after-replay?cursor=nope", { token: t });
+    expect(badCursor.status).toBe(400);
+
+    const history = await call("GET", `/dead-letters/${a.id}/history?limit=1`, { token: t });
+    expect(history.status).toBe(200);
+    expect(history.body["items"]).toEqual([expect.objectContaining({ operator: "ana", action: "dead_letter.replay" })]);
+    expect(history.body["nextCursor"]).toBeNull();
+    const one = await call("GET", `/dead-letters/${a.id}`, { token: t });
+    expect(one.body).toMatchObject({ historyNextCursor: null });
+  });
 });

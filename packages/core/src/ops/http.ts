@@ -8,8 +8,9 @@
  *   GET  /dead-letters?queue=&consumer=&tenantId=&kind=&errorClass=&status=&createdAfter=&createdBefore=&limit=&cursor=&order=
  *   GET  /dead-letters/count?<same filter>
  *   GET  /dead-letters/depth
- *   GET  /dead-letters/failed-after-replay?batchId=
- *   GET  /dead-letters/:id
+ *   GET  /dead-letters/failed-after-replay?batchId=&limit=&cursor=   a page may hold fewer than limit items and still have a nextCursor
+ *   GET  /dead-letters/:id                 with the first 100 history entries and historyNextCursor
+ *   GET  /dead-letters/:id/history?limit=&cursor=
  *   POST /dead-letters/discard   { ids, reason }
  *   POST /dead-letters/replay    { ids, reason }
  *   GET  /batches?status=
@@ -101,9 +102,16 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
       action: "dead_letter.failed_after_replay",
       mutating: false,
       run: async ({ query }) => {
-        const batchId = query.get("batchId");
-        return { items: await ops.deadLetters.failedAfterReplay(batchId ? { batchId } : {}) };
+        const { batchId, ...page } = onlyKeys(query, ["batchId", "limit", "cursor"]);
+        return ops.deadLetters.failedAfterReplay(batchId ? { batchId } : {}, page);
       },
+    },
+    {
+      method: "GET",
+      pattern: /^\/dead-letters\/([^/]+)\/history$/,
+      action: "dead_letter.history",
+      mutating: false,
+      run: ({ params, query }) => ops.deadLetters.history(params[0] as string, onlyKeys(query, ["limit", "cursor"])),
     },
     {
       method: "GET",
@@ -272,6 +280,18 @@ function decodePathSegment(segment: string): string {
   } catch {
     throw new OpsError("INVALID_INPUT", `bad percent-encoding in the path: ${segment}`);
   }
+}
+
+/** The query's parameters, refusing any not in `keys` (a typo must not be ignored). */
+function onlyKeys(query: URLSearchParams, keys: readonly string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [key, value] of query) {
+    if (!keys.includes(key)) {
+      throw new OpsError("INVALID_INPUT", `unknown query parameter "${key}" (accepted: ${keys.join(", ")})`);
+    }
+    out[key] = value;
+  }
+  return out;
 }
 
 /** Query parameters as a filter and a page; unknown names are refused (a typo must not widen a selection). */

@@ -16,14 +16,27 @@ export { createOpsHandler } from "./http.ts";
 export type {
   ActionOutcome,
   ActionReport,
+  AuditEntry,
   DeadLetterDetail,
   DeadLetterSummary,
+  HistoryPageRequest,
   OpsDeps,
   OpsMetricsPort,
   Page,
   PageRequest,
+  PruneAuditInput,
+  PruneAuditReport,
+  ReplayFailure,
+  ReplayPageRequest,
 } from "./operations.ts";
-export { DeadLetterOperations, decodePayload, noopOpsMetrics } from "./operations.ts";
+export {
+  DEFAULT_AUDIT_RETENTION_DAYS,
+  DeadLetterOperations,
+  decodePayload,
+  HISTORY_IN_DETAIL,
+  MIN_AUDIT_RETENTION_DAYS,
+  noopOpsMetrics,
+} from "./operations.ts";
 
 export interface Ops {
   readonly deadLetters: DeadLetterOperations;

@@ -59,9 +59,36 @@ export interface DeadLetterDetail extends DeadLetterRow {
   readonly envelope: Envelope | null;
   /** Other dead letters of the same job and consumer: earlier failures and failures after replays. */
   readonly related: DeadLetterSummary[];
-  /** Audit entries that name this letter. */
-  readonly history: { at: Date; operator: string; action: string; result: string; detail: string | null }[];
+  /** Audit entries that name this letter or its batch, oldest first: the first `HISTORY_IN_DETAIL` of them. */
+  readonly history: AuditEntry[];
+  /** Pass to `history(id, { cursor })` for the entries after these; null when these are all. */
+  readonly historyNextCursor: string | null;
 }
+
+/** One entry of `core.ops_audit`, as a letter's history shows it. */
+export interface AuditEntry {
+  readonly id: string;
+  readonly at: Date;
+  readonly operator: string;
+  readonly action: string;
+  readonly result: string;
+  readonly detail: string | null;
+}
+
+/** A letter created after a replay of its job and consumer: the replayed job failed again. */
+export interface ReplayFailure extends DeadLetterSummary {
+  /** The replayed letter whose replay this failure followed (the latest replay before it). */
+  readonly replayedFrom: string;
+  /** The batch that replayed it; null for a direct replay. */
+  readonly batchId: string | null;
+}
+
+/** History entries `get` includes; the rest through `history()`. */
+export const HISTORY_IN_DETAIL = 100;
+/** Audit entries younger than this are never pruned, whatever the retention asked. */
+export const MIN_AUDIT_RETENTION_DAYS = 30;
+/** The audit retention of `pnpm ops audit prune` when none is given. */
+export const DEFAULT_AUDIT_RETENTION_DAYS = 400;
 
 /** Per id, what an action did. */
 export type ActionOutcome = "discarded" | "replayed" | "not_found" | "not_pending" | "not_replayable" | "failed";
@@ -76,6 +103,43 @@ const pageSchema = z.strictObject({
   order: z.enum(["newest", "oldest"]).default("newest"),
 });
 export type PageRequest = z.input<typeof pageSchema>;
+
+const historyPageSchema = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.uuid({ error: "is not a cursor from a previous page" }).optional(),
+});
+export type HistoryPageRequest = z.input<typeof historyPageSchema>;
+
+/** The replay view's cursor: the replayed letter and the failure last returned. */
+const REPLAY_CURSOR =
+  /^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$/;
+const replayPageSchema = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.string().toLowerCase().regex(REPLAY_CURSOR, { error: "is not a cursor from a previous page" }).optional(),
+});
+export type ReplayPageRequest = z.input<typeof replayPageSchema>;
+/** Past every id: a cursor that resumes after a replayed letter, whichever failures it had. */
+const AFTER_ALL = "ffffffff-ffff-ffff-ffff-ffffffffffff";
+
+const pruneSchema = z.strictObject({
+  operator: operatorSchema,
+  retentionDays: z.coerce
+    .number()
+    .int()
+    .min(MIN_AUDIT_RETENTION_DAYS, { error: `must be at least ${MIN_AUDIT_RETENTION_DAYS} days` })
+    .max(36_500),
+  batchSize: z.coerce.number().int().min(1).max(50_000).default(5000),
+  dryRun: z.boolean().default(false),
+});
+export type PruneAuditInput = z.input<typeof pruneSchema>;
+export interface PruneAuditReport {
+  /** Entries deleted (in a dry run: older than the cutoff, that a run would delete). */
+  readonly deleted: number;
+  /** Entries at or after this instant were kept. */
+  readonly cutoff: Date;
+  readonly batches: number;
+  readonly dryRun: boolean;
+}
 
 const summaryColumns = (() => {
   const { payload: _payload, ...rest } = getTableColumns(deadLetters);
@@ -177,8 +241,46 @@ export class DeadLetterOperations {
           )
           .orderBy(asc(deadLetters.id))
       : [];
-    const history = await this.db
+    const history = await this.#history(row, { limit: HISTORY_IN_DETAIL });
+    const decoded = decodePayload(row);
+    return {
+      ...row,
+      payloadText: decoded.text,
+      envelope: decoded.envelope,
+      related,
+      history: history.items,
+      historyNextCursor: history.nextCursor,
+    };
+  }
+
+  /**
+   * A letter's audit history, oldest first, a page at a time: the entries
+   * whose ids name it, and those of the batch that replayed it. Both lookups
+   * are index scans (ops_audit_scope_ids_idx, ops_audit_scope_batch_idx),
+   * whatever the size of the audit.
+   */
+  async history(id: string, page: HistoryPageRequest = {}): Promise<Page<AuditEntry>> {
+    const [letterId] = parseInput(idListSchema, [id], "id");
+    const [row] = await this.db
+      .select({ id: deadLetters.id, replayBatchId: deadLetters.replayBatchId })
+      .from(deadLetters)
+      .where(eq(deadLetters.id, letterId as string));
+    if (!row) throw new OpsError("NOT_FOUND", `no dead letter ${id}`);
+    return this.#history(row, page);
+  }
+
+  async #history(
+    row: { id: string; replayBatchId: string | null },
+    page: HistoryPageRequest,
+  ): Promise<Page<AuditEntry>> {
+    const p = parseInput(historyPageSchema, page, "page");
+    const names = row.replayBatchId
+      ? sql`(${opsAudit.scope} -> 'ids' ? ${row.id} or ${opsAudit.scope} ->> 'batchId' = ${row.replayBatchId})`
+      : sql`${opsAudit.scope} -> 'ids' ? ${row.id}`;
+    // Ids are UUID v7, written in order: id order is the order the entries were written.
+    const rows = await this.db
       .select({
+        id: opsAudit.id,
         at: opsAudit.at,
         operator: opsAudit.operator,
         action: opsAudit.action,
@@ -186,14 +288,67 @@ export class DeadLetterOperations {
         detail: opsAudit.detail,
       })
       .from(opsAudit)
-      .where(
-        row.replayBatchId
-          ? sql`${opsAudit.scope} -> 'ids' ? ${row.id} or ${opsAudit.scope} ->> 'batchId' = ${row.replayBatchId}`
-          : sql`${opsAudit.scope} -> 'ids' ? ${row.id}`,
-      )
-      .orderBy(asc(opsAudit.at));
-    const decoded = decodePayload(row);
-    return { ...row, payloadText: decoded.text, envelope: decoded.envelope, related, history };
+      .where(and(names, p.cursor ? gt(opsAudit.id, p.cursor) : undefined))
+      .orderBy(asc(opsAudit.id))
+      .limit(p.limit + 1);
+    const items = rows.slice(0, p.limit);
+    return { items, nextCursor: rows.length > p.limit ? (items.at(-1)?.id ?? null) : null };
+  }
+
+  /**
+   * Deletes audit entries older than `retentionDays` (at least
+   * MIN_AUDIT_RETENTION_DAYS: nothing younger is ever deleted), oldest first,
+   * in bounded batches through ops_audit_at_idx. The prune is audited itself.
+   */
+  async pruneAudit(input: PruneAuditInput): Promise<PruneAuditReport> {
+    const scope = { retentionDays: input?.retentionDays, dryRun: input?.dryRun ?? false };
+    const describe = (r: PruneAuditReport) =>
+      `${r.dryRun ? "would delete" : "deleted"} ${r.deleted} entries older than ${r.cutoff.toISOString()}`;
+    return this.#audited(operatorName(input?.operator), "audit.prune", scope, describe, async () => {
+      const p = parseInput(pruneSchema, input, "prune");
+      // `at` is written with this clock, so the cutoff is taken from it too.
+      const cutoff = new Date(this.clock.now() - p.retentionDays * 86_400_000);
+      if (p.dryRun) {
+        // Bounded like a run: counted a batch at a time, resuming after the
+        // last (at, id) read (carried as text: a Date would lose microseconds).
+        let counted = 0;
+        let batches = 0;
+        let after: string | undefined;
+        for (;;) {
+          const position = after
+            ? sql`and (at, id) > (split_part(${after}, '|', 1)::timestamptz, split_part(${after}, '|', 2)::uuid)`
+            : sql``;
+          const result = await this.db.execute(sql`
+            with page as (
+              select at, id from core.ops_audit where at < ${cutoff.toISOString()}::timestamptz ${position}
+              order by at, id limit ${p.batchSize})
+            select (select count(*)::int from page) as n,
+                   (select at::text || '|' || id from page order by at desc, id desc limit 1) as last`);
+          const [row] = rowsOf<{ n: number; last: string | null }>(result);
+          batches += 1;
+          counted += row?.n ?? 0;
+          if (!row?.last || (row.n ?? 0) < p.batchSize) break;
+          after = row.last;
+        }
+        return { deleted: counted, cutoff, batches, dryRun: true };
+      }
+      let deleted = 0;
+      let batches = 0;
+      for (;;) {
+        const result = await this.db.execute(sql`
+          with victim as (
+            delete from core.ops_audit where id in (
+              select id from core.ops_audit where at < ${cutoff.toISOString()}::timestamptz
+              order by at limit ${p.batchSize} for update skip locked)
+            returning 1)
+          select count(*)::int as n from victim`);
+        const n = rowsOf<{ n: number }>(result)[0]?.n ?? 0;
+        batches += 1;
+        deleted += n;
+        if (n < p.batchSize) break;
+      }
+      return { deleted, cutoff, batches, dryRun: false };
+    });
   }
 
   /** Marks pending letters `discarded` with who, when and why. A reason is required (the database enforces it too). */
@@ -303,42 +458,74 @@ export class DeadLetterOperations {
 
   /**
    * The replay-DLQ view: letters created after a replay of the same job and
-   * consumer, i.e. replayed jobs that failed again, with the batch that
-   * replayed them.
+   * consumer, i.e. replayed jobs that failed again, with the letter and batch
+   * that replayed them; ordered by the replayed letter, then the failure.
+   *
+   * It starts from replayed letters (dead_letters_replayed_idx, or
+   * dead_letters_replayed_batch_idx with `batchId`) and looks up each one's
+   * later letters by job and consumer, so no request reads the whole table:
+   * a page examines at most `max(5000, 50 × limit)` replayed letters. A page
+   * can therefore hold fewer than `limit` items (even none) and still have a
+   * `nextCursor`: follow it until it is null.
    */
   async failedAfterReplay(
-    options: { batchId?: string } = {},
-  ): Promise<(DeadLetterSummary & { replayedFrom: string; batchId: string | null })[]> {
-    const batchId = options.batchId === undefined ? undefined : parseInput(z.uuid(), options.batchId, "batch id");
+    filter: { batchId?: string } = {},
+    page: ReplayPageRequest = {},
+  ): Promise<Page<ReplayFailure>> {
+    const batchId = filter.batchId === undefined ? undefined : parseInput(z.uuid(), filter.batchId, "batch id");
+    const p = parseInput(replayPageSchema, page, "page");
+    const [, afterReplayed, afterFailure] = p.cursor ? (REPLAY_CURSOR.exec(p.cursor) as RegExpExecArray) : [];
+    const budget = Math.max(5000, p.limit * 50);
     // Each later letter belongs to the latest replay of its job and consumer
-    // before it: a chain of replays lists every failure once, under its own batch.
-    const rows = await this.db.execute(sql`
-      select n.id, o.id as replayed_from, o.replay_batch_id as batch_id
-      from core.dead_letters n
+    // before it (ties broken by id): a chain of replays lists every failure
+    // once, under its own batch.
+    const replayed = sql`
+        from core.dead_letters o
+        where o.status = 'replayed'
+          ${batchId ? sql`and o.replay_batch_id = ${batchId}::uuid` : sql``}
+          ${afterReplayed ? sql`and o.id >= ${afterReplayed}::uuid` : sql``}
+        order by o.id`;
+    // The replayed letters come in id order from the partial index and the
+    // lookups run one replayed letter at a time, so the page stops as soon as
+    // it has its rows; the budget bounds it when failures are rare.
+    const result = await this.db.execute(sql`
+      select n.id::text, s.id::text as replayed_from, s.replay_batch_id::text as batch_id
+      from (select o.id, o.job_id, o.consumer, o.status_changed_at, o.replay_batch_id ${replayed} limit ${budget}) s
       cross join lateral (
-        select o.id, o.replay_batch_id from core.dead_letters o
-        where o.job_id = n.job_id and o.consumer = n.consumer and o.id <> n.id
-          and o.status = 'replayed' and o.status_changed_at <= n.created_at
-        order by o.status_changed_at desc limit 1
-      ) o
-      where n.job_id is not null ${batchId ? sql`and o.replay_batch_id = ${batchId}` : sql``}
-      order by n.id`);
-    const links = rowsOf<{ id: string; replayed_from: string; batch_id: string | null }>(rows);
-    if (links.length === 0) return [];
-    const letters = await this.db
-      .select(summaryColumns)
-      .from(deadLetters)
-      .where(
-        inArray(
-          deadLetters.id,
-          links.map((l) => l.id),
-        ),
-      );
+        select n.id from core.dead_letters n
+        where n.job_id = s.job_id and n.consumer = s.consumer and n.id <> s.id
+          and n.created_at >= s.status_changed_at
+          and not exists (
+            select 1 from core.dead_letters l
+            where l.job_id = s.job_id and l.consumer = s.consumer and l.id <> n.id and l.status = 'replayed'
+              and l.status_changed_at <= n.created_at
+              and (l.status_changed_at > s.status_changed_at or (l.status_changed_at = s.status_changed_at and l.id > s.id)))
+      ) n
+      ${afterReplayed ? sql`where s.id > ${afterReplayed}::uuid or n.id > ${afterFailure}::uuid` : sql``}
+      order by s.id, n.id
+      limit ${p.limit + 1}`);
+    const links = rowsOf<{ id: string; replayed_from: string; batch_id: string | null }>(result);
+    const pageLinks = links.slice(0, p.limit);
+    const letters = pageLinks.length
+      ? await this.db
+          .select(summaryColumns)
+          .from(deadLetters)
+          // One array parameter, never a list of them: a page is at most 500 ids.
+          .where(sql`${deadLetters.id} = any(${sql.param(pageLinks.map((l) => l.id))}::uuid[])`)
+      : [];
     const byId = new Map(letters.map((l) => [l.id, l]));
-    return links.flatMap((l) => {
+    const items = pageLinks.flatMap((l) => {
       const letter = byId.get(l.id);
       return letter ? [{ ...letter, replayedFrom: l.replayed_from, batchId: l.batch_id }] : [];
     });
+    const last = pageLinks.at(-1);
+    if (links.length > p.limit && last) return { items, nextCursor: `${last.replayed_from}.${last.id}` };
+    // Short page: it read every replayed letter left, or stopped at the budget's last one.
+    const [budgetEnd] = rowsOf<{ id: string }>(
+      await this.db.execute(sql`select o.id::text ${replayed} offset ${budget - 1} limit 1`),
+    );
+    const nextCursor = budgetEnd ? `${budgetEnd.id}.${AFTER_ALL}` : null;
+    return { items, nextCursor };
   }
 
   /** Pending depth and the age of the oldest pending letter, per queue and consumer (for gauges and dashboards). */
@@ -387,11 +574,16 @@ export class DeadLetterOperations {
     operator: string,
     action: string,
     scope: unknown,
+    describe: ((result: T) => string) | undefined,
     run: () => Promise<T>,
   ): Promise<T> {
     try {
       const result = await run();
-      const detail = "counts" in result ? JSON.stringify((result as ActionReport).counts) : undefined;
+      const detail = describe
+        ? describe(result)
+        : "counts" in result
+          ? JSON.stringify((result as ActionReport).counts)
+          : undefined;
       await this.audit({ operator, action, scope, result: "ok", ...(detail ? { detail } : {}) });
       return result;
     } catch (error) {
@@ -408,7 +600,7 @@ export class DeadLetterOperations {
   }
 
   audited<T extends object>(operator: string, action: string, scope: unknown, run: () => Promise<T>): Promise<T> {
-    return this.#audited(operator, action, scope, run);
+    return this.#audited(operator, action, scope, undefined, run);
   }
 
   /**
@@ -424,7 +616,7 @@ export class DeadLetterOperations {
     const named =
       typeof input?.operator === "string" && input.operator.trim() !== "" ? input.operator.trim() : "(none given)";
     const scope = { ids: Array.isArray(ids) ? ids.slice(0, 1000) : ids, reason: input?.reason };
-    return this.#audited(named, action, scope, () => {
+    return this.#audited(named, action, scope, undefined, () => {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const reason = parseInput(reasonSchema, input?.reason, "reason");
       const idList = [...new Set(parseInput(idListSchema, ids, "ids"))];

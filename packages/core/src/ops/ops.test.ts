@@ -269,7 +269,7 @@ describe("replay", () => {
     await ops.deadLetters.replay([id as string], { operator: "ana", reason: "try" });
     await queue.drain();
     expect((await letter(id as string))?.status).toBe("replayed");
-    const again = await ops.deadLetters.failedAfterReplay();
+    const again = (await ops.deadLetters.failedAfterReplay()).items;
     expect(again).toHaveLength(1);
     expect(again[0]).toMatchObject({
       jobId: envelope.job_id,
@@ -456,7 +456,7 @@ describe("replay batches", () => {
     expect(published).toHaveLength(2);
     await queue.drain();
     expect((await ops.batches.get(batch.id)).failedAgain).toBe(2);
-    const linked = await ops.deadLetters.failedAfterReplay({ batchId: batch.id });
+    const linked = (await ops.deadLetters.failedAfterReplay({ batchId: batch.id })).items;
     expect(linked.map((l) => l.batchId)).toEqual([batch.id, batch.id]);
   });
 
@@ -687,7 +687,7 @@ describe("review regressions", () => {
     const [first] = await makeDeadLetters([award("chain-1")]);
     await ops.deadLetters.replay([first as string], { operator: "ana", reason: "try 1" });
     await queue.drain();
-    const [second] = (await ops.deadLetters.failedAfterReplay()).map((l) => l.id);
+    const [second] = (await ops.deadLetters.failedAfterReplay()).items.map((l) => l.id);
     const batch = await ops.batches.create({
       operator: "ana",
       reason: "try 2",
@@ -696,7 +696,7 @@ describe("review regressions", () => {
     });
     await ops.batches.run(batch.id, { operator: "ana" });
     await queue.drain();
-    const listed = await ops.deadLetters.failedAfterReplay();
+    const listed = (await ops.deadLetters.failedAfterReplay()).items;
     expect(listed.map((l) => [l.replayedFrom, l.batchId])).toEqual([
       [first, null],
       [second, batch.id],
