@@ -486,38 +486,40 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     let received: ReceivedPayload = { text: "", encoding: "utf8" };
     let fields: DeadLetterInput["envelope"] = {};
     let stage = "decoding the payload";
-    const poison = (error: string, alertError?: string): Decoded<never> => ({
-      ok: false,
-      received,
-      fields,
-      error,
-      ...(alertError === undefined ? {} : { alertError }),
-    });
     try {
       received = decodeBody(body);
-      if (received.decodeError !== undefined) return poison(received.decodeError);
+      if (received.decodeError !== undefined) return poisonOf(received, fields, received.decodeError);
       stage = "reading the envelope";
       const check = checkEnvelope(received.value);
       if (!check.ok) {
         fields = readableFields(received.value);
-        return poison(`invalid envelope: ${check.issues.join("; ")}`);
+        return poisonOf(received, fields, `invalid envelope: ${check.issues.join("; ")}`);
       }
       const envelope = check.envelope;
       fields = envelope;
       if (!consumer.kinds.has(envelope.kind)) {
         const accepted = [...consumer.kinds].join(", ");
-        return poison(`kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`);
+        return poisonOf(
+          received,
+          fields,
+          `kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`,
+        );
       }
       stage = `validating data for ${envelope.kind}`;
       const parsed = await parseData(consumer.schema, envelope.data);
       if (!parsed.success) {
-        return poison(`invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`);
+        return poisonOf(
+          received,
+          fields,
+          `invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`,
+        );
       }
       let lockKey: string | undefined;
       if (consumer.orderingKey) {
         stage = `computing ${consumer.name}'s ordering key`;
         const key: unknown = consumer.orderingKey(parsed.data, envelope);
-        if (typeof key !== "string") return poison(`${stage}: it returned ${typeof key}, not a string`);
+        if (typeof key !== "string")
+          return poisonOf(received, fields, `${stage}: it returned ${typeof key}, not a string`);
         // The consumer name prefixes the ordering key ("|" cannot occur in a
         // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
         lockKey = `${consumer.name}|${key.replaceAll("\u0000", "")}`;
@@ -541,7 +543,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       } catch {
         name = "a value that cannot be read";
       }
-      return poison(`${stage} threw ${described}`, `${stage} threw ${name}`);
+      return poisonOf(received, fields, `${stage} threw ${described}`, `${stage} threw ${name}`);
     }
   }
 
@@ -805,11 +807,11 @@ class Context implements HandlerContext {
     readonly envelope: Envelope,
     readonly attempt: number,
     private readonly consumerName: string,
-    private readonly signalOf: () => AbortSignal,
+    private readonly run: { readonly signal: AbortSignal },
   ) {}
 
   get signal(): AbortSignal {
-    return this.signalOf();
+    return this.run.signal;
   }
 
   // Computed on first use: most handlers never call an external provider.
@@ -868,6 +870,16 @@ function decodeBody(body: unknown): ReceivedPayload {
 }
 
 /** SHA-256 (hex) of the payload's bytes: the same message, whichever copy of it this is. */
+/** A poison verdict of `#decode` (a module function: no closure made per delivery). */
+function poisonOf(
+  received: ReceivedPayload,
+  fields: DeadLetterInput["envelope"],
+  error: string,
+  alertError?: string,
+): Decoded<never> {
+  return { ok: false, received, fields, error, ...(alertError === undefined ? {} : { alertError }) };
+}
+
 /** `classifyFailure`, and a transient failure for a thrown value that throws when read (hostile getters). */
 function classifySafely(thrown: unknown): ReturnType<typeof classifyFailure> {
   try {

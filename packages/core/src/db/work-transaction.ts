@@ -23,10 +23,11 @@
  *   closed refuses every later query instead of running it on a reconnected
  *   session, "still open" is the transaction status of the socket's last
  *   ReadyForQuery; on other drivers, the same transaction id before COMMIT.
- * - a job that has a `pending_review` dead letter is never committed: the
- *   dead-letter decision holds the fence key while it writes the letter
- *   (`decideDeadLetter`), and a deferred constraint trigger on the fence
- *   (migration 0005) refuses the COMMIT of a job whose letter is pending.
+ * - a job that has a `pending_review` dead letter never runs its handler and
+ *   never commits a fence: the dead-letter decision holds the fence key while
+ *   it writes the letter (`decideDeadLetter`), and the statement pipelined
+ *   right after the fence looks for a pending letter once the fence is done
+ *   waiting (LETTER_SQL).
  */
 import { is, sql } from "drizzle-orm";
 import type { PgDialect } from "drizzle-orm/pg-core";
@@ -60,8 +61,8 @@ export type WorkOutcome =
 
 export type RunInWorkTransaction = (
   target: FenceTarget,
-  /** `signal()` gives the run's AbortSignal (made on first call). */
-  work: (tx: WorkTransaction, signal: () => AbortSignal) => Promise<void>,
+  /** `run.signal` is the run's AbortSignal (made on first use). */
+  work: (tx: WorkTransaction, run: { readonly signal: AbortSignal }) => Promise<void>,
 ) => Promise<WorkOutcome>;
 
 export interface WorkTransactionOptions {
@@ -105,44 +106,28 @@ export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOp
 
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
 /**
- * The fence, written only when the job has no pending dead letter (its
- * handler must not run: its outside effects would happen for a job waiting
- * for review; FOR SHARE waits for a replay that is changing the letter's
- * status right now — it publishes before it commits — and reads the status
- * it committed). A new fence also sets the server-side bounds for the rest of
- * the transaction (RETURNING runs only for an inserted row): a statement that
+ * The fence. A new one also sets the server-side bounds for the rest of the
+ * transaction (RETURNING runs only for an inserted row): a statement that
  * runs too long, and a transaction left idle by a frozen client, which would
  * otherwise hold the fence key, and every redelivery waiting on it, forever.
  * One row: new.
  */
-const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer)
-  select $1::uuid, $2::text
-  where not exists (select 1 from core.dead_letters where job_id = $1::text and consumer = $2::text and status = 'pending_review' for share)
-  on conflict do nothing
+const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing
   returning set_config('statement_timeout', $3, true) as st, set_config('idle_in_transaction_session_timeout', $3, true) as it`;
-/** Why a fence was not written: a pending letter (else the fence exists: a duplicate). */
-const LETTER_SQL =
-  "select id::text || ' ' || error_class as detail from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1";
-
 /**
- * The SQLSTATE of the deferred constraint trigger on `core.processed_jobs`
- * (migration 0005): at COMMIT, a fence whose job has a `pending_review`
- * dead letter fails the commit, with "<letter id> <error class>" as detail.
+ * Sent right after the fence (pipelined with it), so it runs once the fence
+ * insert is done waiting, on a fresh snapshot: a pending dead letter for the
+ * job — written before, or by a dead-letter decision that held the fence key
+ * while this fence waited for it — means the handler must not run (its
+ * outside effects would happen for a job waiting for review) and nothing may
+ * commit: never a fence beside a pending letter. FOR SHARE waits for a replay
+ * that is changing the letter's status right now (it publishes before it
+ * commits) and reads the status it committed.
  */
-const PENDING_LETTER = "SC001";
+const LETTER_SQL =
+  "select id::text || ' ' || error_class as detail from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1 for share";
 
-interface FenceRow {
-  inserted: number;
-}
-
-/** The letter a commit was refused for, from the trigger's error; undefined for any other error. */
-function pendingLetterOf(error: unknown): WorkOutcome | undefined {
-  const e = error as { code?: unknown; detail?: unknown; cause?: unknown } | undefined;
-  if (e?.code !== PENDING_LETTER) return e?.cause === undefined ? undefined : pendingLetterOf(e.cause);
-  return letterOutcome(typeof e.detail === "string" ? e.detail : "");
-}
-
-/** The outcome of a letter found by LETTER_SQL, or by the trigger (detail "<id> <class>"). */
+/** The outcome of a letter found by LETTER_SQL (detail "<id> <class>"). */
 function letterOutcome(detail: string): WorkOutcome {
   const [deadLetterId, errorClass] = detail.split(" ");
   return { status: "dead_lettered", deadLetterId: deadLetterId ?? "unknown", errorClass: errorClass ?? "unknown" };
@@ -169,38 +154,50 @@ function serverTimeout(timeoutMs: number): string {
 }
 const SERVER_GRACE_MS = 1_000;
 
+/**
+ * The run's AbortSignal, made on first use: most handlers never read theirs,
+ * and this runs per job (a class, so no closure is made per job).
+ */
+export class RunSignal {
+  #controller: AbortController | undefined;
+  get signal(): AbortSignal {
+    return this.controller().signal;
+  }
+  controller(): AbortController {
+    this.#controller ??= new AbortController();
+    return this.#controller;
+  }
+}
+
 /** Runs `work` with an AbortSignal that fires after `timeoutMs`; rejects with HandlerTimeoutError then. */
 async function bounded(
   timeoutMs: number,
-  work: (signal: () => AbortSignal) => Promise<void>,
+  work: (run: RunSignal) => Promise<void>,
   onTimeout: () => void,
 ): Promise<void> {
-  // Made on first use: most handlers never read their signal, and this runs per job.
-  let controller: AbortController | undefined;
-  const controlled = () => {
-    controller ??= new AbortController();
-    return controller;
-  };
-  const signal = () => controlled().signal;
+  const run = new RunSignal();
   let timer: NodeJS.Timeout | undefined;
   const timedOut = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      const error = new HandlerTimeoutError(timeoutMs);
-      controlled().abort(error);
-      onTimeout();
-      reject(error);
-    }, timeoutMs);
+    timer = setTimeout(expire, timeoutMs, run, timeoutMs, onTimeout, reject);
   });
   try {
-    await Promise.race([work(signal), timedOut]);
+    await Promise.race([work(run), timedOut]);
   } finally {
     clearTimeout(timer);
   }
 }
 
+function expire(run: RunSignal, timeoutMs: number, onTimeout: () => void, reject: (error: Error) => void): void {
+  const error = new HandlerTimeoutError(timeoutMs);
+  run.controller().abort(error);
+  onTimeout();
+  reject(error);
+}
+
 function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
   return async (target, work) => {
     let started = false;
+    let outcome: WorkOutcome | undefined;
     try {
       return await db.transaction(async (tx) => {
         if (target.lockKey !== undefined) {
@@ -209,24 +206,23 @@ function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
         // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
         // and then sees the conflict: two parallel deliveries give one effect.
         const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
-        const [fence] = rowsOf<FenceRow & { xid: string }>(
+        const [fence] = rowsOf<{ inserted: number; xid: string }>(
           await tx.execute(sql`with fence as (
-  insert into core.processed_jobs (job_id, consumer)
-  select ${target.jobId}::uuid, ${target.consumer}::text
-  where not exists (select 1 from core.dead_letters where job_id = ${target.jobId}::text and consumer = ${target.consumer}::text and status = 'pending_review' for share)
-  on conflict do nothing returning 1
+  insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing returning 1
 )
 select (select count(*)::int from fence) as inserted, txid_current()::text as xid,
   set_config('statement_timeout', ${timeout}, true) as st, set_config('idle_in_transaction_session_timeout', ${timeout}, true) as it`),
         );
-        if (!fence || fence.inserted === 0) {
-          const [letter] = rowsOf<{ detail: string }>(
-            await tx.execute(
-              sql`select id::text || ' ' || error_class as detail from core.dead_letters where job_id = ${target.jobId} and consumer = ${target.consumer} and status = 'pending_review' limit 1`,
-            ),
-          );
-          return letter ? letterOutcome(letter.detail) : ({ status: "duplicate" } as const);
+        const [letter] = rowsOf<{ detail: string }>(
+          await tx.execute(
+            sql`select id::text || ' ' || error_class as detail from core.dead_letters where job_id = ${target.jobId} and consumer = ${target.consumer} and status = 'pending_review' limit 1 for share`,
+          ),
+        );
+        if (letter) {
+          outcome = letterOutcome(letter.detail);
+          throw ROLL_BACK; // the fence, if it was written, must not commit
         }
+        if (!fence || fence.inserted === 0) return { status: "duplicate" } as const;
         started = true;
         // The handler gets a view of tx that refuses every call once its run
         // is over, so a handler still running after its timeout cannot write
@@ -258,8 +254,7 @@ select (select count(*)::int from fence) as inserted, txid_current()::text as xi
         return { status: "committed" } as const;
       });
     } catch (error) {
-      const letter = pendingLetterOf(error);
-      if (letter) return letter;
+      if (error === ROLL_BACK && outcome) return outcome;
       if (!started) throw new WorkNotStartedError(error);
       throw error;
     }
@@ -267,6 +262,7 @@ select (select count(*)::int from fence) as inserted, txid_current()::text as xi
 }
 
 const noop = () => {};
+const ROLL_BACK = new Error("rolled back: the job has a pending dead letter");
 
 /** Rows of a `tx.execute` result, whichever driver made it (postgres.js: an array; node-postgres/PGlite: `.rows`). */
 function rowsOf<T>(result: unknown): T[] {
@@ -397,27 +393,28 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
     let state: "idle" | "rollback" | "destroy" = "rollback";
     try {
       let inserted: boolean;
+      let letter: string | undefined;
       try {
         const timeout = serverTimeout(timeoutMs);
         const settled = await send(conn, [
           ["begin", []],
           ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
           [FENCE_SQL, [target.jobId, target.consumer, timeout]],
+          [LETTER_SQL, [target.jobId, target.consumer]],
         ]);
         for (const s of settled) if (s.status === "rejected") throw s.reason;
-        const last = settled[settled.length - 1];
-        if (last?.status !== "fulfilled") throw new Error("the fence insert did not answer");
-        inserted = last.value.length > 0;
+        const [fenced, checked] = settled.slice(-2);
+        if (fenced?.status !== "fulfilled" || checked?.status !== "fulfilled") {
+          throw new Error("the fence insert did not answer");
+        }
+        inserted = fenced.value.length > 0;
+        letter = (checked.value[0] as { detail?: string } | undefined)?.detail;
       } catch (error) {
         throw new WorkNotStartedError(error);
       }
-      if (!inserted) {
-        // Nothing was written: a duplicate, or a job whose letter is pending.
-        const [letter] = (await conn.unsafe(LETTER_SQL, [target.jobId, target.consumer], { prepare })) as unknown as {
-          detail: string;
-        }[];
-        return letter ? letterOutcome(letter.detail) : { status: "duplicate" };
-      }
+      // A pending letter: nothing runs, the fence (if written) is rolled back.
+      if (letter !== undefined) return letterOutcome(letter);
+      if (!inserted) return { status: "duplicate" };
 
       // The handler's queries go through a gate that closes when its run is
       // over, before the harness sends COMMIT or ROLLBACK: a query it sends
@@ -425,7 +422,7 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
       // timeout) is refused, never run after our COMMIT/ROLLBACK outside the
       // transaction.
       const gate = { over: false };
-      const txSession = new Session(sessionClient(conn, gate), dialect, schema, sessionOptions);
+      const txSession = new Session(new GatedSessionClient(conn, gate), dialect, schema, sessionOptions);
       const tx = new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction;
       try {
         await bounded(
@@ -460,12 +457,6 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
       try {
         committed = await answeredWithin(conn.unsafe("commit", [], { prepare }), timeoutMs, "COMMIT");
       } catch (error) {
-        const letter = pendingLetterOf(error);
-        if (letter) {
-          // A concurrent delivery dead-lettered the job: the commit was refused, nothing is left open.
-          state = "idle";
-          return letter;
-        }
         // A lost COMMIT reply: the job may or may not have committed. Not a
         // success; the retry finds the fence if it did.
         state = "destroy";
@@ -547,7 +538,8 @@ function destroy(conn: ReservedClient): void {
  * conflict means the job committed (a duplicate); otherwise `write` runs in
  * the same transaction, holding the key, and the probe row is removed before
  * commit, so no fence is left. A work transaction that was waiting on the key
- * then has its COMMIT refused by the fence's trigger (the letter is pending).
+ * then finds the letter in the check that follows its fence, and rolls back
+ * without running its handler.
  */
 export async function decideDeadLetter<T>(
   db: AnyPgDatabase,
@@ -594,32 +586,36 @@ interface SessionClient {
   savepoint<T>(fn: (inner: SessionClient) => Promise<T>): Promise<T>;
 }
 
-function sessionClient(conn: ReservedClient, gate: { readonly over: boolean }): SessionClient {
-  let depth = 0;
-  const client: SessionClient = {
-    // Returns postgres.js's own pending query: Drizzle calls .values() on it
-    // before it runs. Drizzle calls this inside async functions, so the
-    // refusal reaches the handler as a rejected query.
-    unsafe(query, params, options) {
-      if (gate.over) throw new WorkTransactionOverError();
-      return conn.unsafe(query, params, options);
-    },
-    async savepoint(fn) {
-      if (gate.over) throw new WorkTransactionOverError();
-      depth += 1;
-      const name = `softcrum_sp_${depth}`;
-      await conn.unsafe(`savepoint ${name}`);
-      try {
-        const result = await fn(client);
-        await conn.unsafe(`release savepoint ${name}`);
-        return result;
-      } catch (error) {
-        await conn.unsafe(`rollback to savepoint ${name}`);
-        throw error;
-      } finally {
-        depth -= 1;
-      }
-    },
-  };
-  return client;
+/** A class, not an object literal: no functions are made per job. */
+class GatedSessionClient implements SessionClient {
+  #depth = 0;
+  constructor(
+    private readonly conn: ReservedClient,
+    private readonly gate: { readonly over: boolean },
+  ) {}
+
+  // Returns postgres.js's own pending query: Drizzle calls .values() on it
+  // before it runs. Drizzle calls this inside async functions, so the
+  // refusal reaches the handler as a rejected query.
+  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows> {
+    if (this.gate.over) throw new WorkTransactionOverError();
+    return this.conn.unsafe(query, params, options);
+  }
+
+  async savepoint<T>(fn: (inner: SessionClient) => Promise<T>): Promise<T> {
+    if (this.gate.over) throw new WorkTransactionOverError();
+    this.#depth += 1;
+    const name = `softcrum_sp_${this.#depth}`;
+    await this.conn.unsafe(`savepoint ${name}`);
+    try {
+      const result = await fn(this);
+      await this.conn.unsafe(`release savepoint ${name}`);
+      return result;
+    } catch (error) {
+      await this.conn.unsafe(`rollback to savepoint ${name}`);
+      throw error;
+    } finally {
+      this.#depth -= 1;
+    }
+  }
 }
