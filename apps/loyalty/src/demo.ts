@@ -1,9 +1,18 @@
 // `pnpm demo`: runs the loyalty module end to end and prints what happened.
 // With no DATABASE_URL it uses an embedded Postgres (PGlite); set DATABASE_URL
 // to run the same stream against a real server.
+import { isSoftcrumError } from "@softcrum/core";
 import { runDemo } from "./demo-scenario.ts";
 
-const summary = await runDemo();
+let summary: Awaited<ReturnType<typeof runDemo>>;
+try {
+  summary = await runDemo();
+} catch (error) {
+  // A configuration problem (e.g. a database not migrated yet) is one clear line, not a stack trace.
+  if (!isSoftcrumError(error, "INVALID_CONFIG")) throw error;
+  console.error(error.message);
+  process.exit(2);
+}
 const pad = (text: string | number, width: number) => String(text).padEnd(width);
 
 console.log(
