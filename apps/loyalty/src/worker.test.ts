@@ -1,7 +1,6 @@
-import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { fileURLToPath } from "node:url";
-import { runScript, useTestDatabase } from "@softcrum/testing";
+import { runScript, startScript, useTestDatabase } from "@softcrum/testing";
 import { beforeEach, describe, expect, test } from "vitest";
 import { startLoyaltyWorker } from "./worker.ts";
 
@@ -87,18 +86,8 @@ describe("pnpm worker", () => {
   test("on the embedded database it keeps running until told to stop, and SIGTERM stops it cleanly with exit code 0 (#9 item 6)", async () => {
     // No DATABASE_URL: the embedded PGlite, which holds no socket open.
     const { DATABASE_URL, SOFTCRUM_QUEUE, BETTERSTACK_SOURCE_TOKEN, ...env } = process.env;
-    const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(new URL("./worker.ts", import.meta.url))], {
-      env,
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (chunk) => {
-      stdout += chunk;
-    });
-    child.stderr.on("data", (chunk) => {
-      stderr += chunk;
-    });
+    const worker = startScript(fileURLToPath(new URL("./worker.ts", import.meta.url)), [], { env });
+    const { child } = worker;
     const exited = once(child, "exit") as Promise<[number | null, NodeJS.Signals | null]>;
     let exitedEarly = false;
     void exited.then(() => {
@@ -107,22 +96,24 @@ describe("pnpm worker", () => {
     try {
       await new Promise<void>((resolve, reject) => {
         const onData = () => {
-          if (stdout.includes("loyalty worker running on pglite")) resolve();
+          if (worker.stdout().includes("loyalty worker running on pglite")) resolve();
         };
-        child.stdout.on("data", onData);
-        void exited.then(([code]) => reject(new Error(`worker exited (${code}) before it ran: ${stdout}${stderr}`)));
+        child.stdout?.on("data", onData);
+        void exited.then(([code]) =>
+          reject(new Error(`worker exited (${code}) before it ran: ${worker.stdout()}${worker.stderr()}`)),
+        );
       });
       // Nothing is left for it to do. A worker that lives only while something
       // else holds the event loop has ended well before this: the last thing
       // that does is PGlite's own 10 s interval timer, armed by its last
       // statement before "running" (the process then exits with code 0).
       await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 15_000))]);
-      expect(exitedEarly, `the worker exited by itself: ${stdout}${stderr}`).toBe(false);
+      expect(exitedEarly, `the worker exited by itself: ${worker.stdout()}${worker.stderr()}`).toBe(false);
 
       child.kill("SIGTERM");
       const [code, signal] = await exited;
-      expect({ code, signal }, stderr).toEqual({ code: 0, signal: null });
-      expect(stdout).toMatch(/SIGTERM, stopping\n.*stopped/s);
+      expect({ code, signal }, worker.stderr()).toEqual({ code: 0, signal: null });
+      expect(worker.stdout()).toMatch(/SIGTERM, stopping\n.*stopped/s);
     } finally {
       if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
     }

@@ -1,9 +1,42 @@
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 
 export interface ScriptResult {
   readonly code: number | null;
   readonly stdout: string;
   readonly stderr: string;
+}
+
+/** A script running in its own process, with the output it printed so far. */
+export interface RunningScript {
+  readonly child: ChildProcess;
+  readonly stdout: () => string;
+  readonly stderr: () => string;
+}
+
+/**
+ * Starts a TypeScript entry point in its own Node process (through tsx), as a
+ * person would run the command, collecting what it prints; for scripts that
+ * run until told to stop.
+ */
+export function startScript(
+  script: string,
+  args: readonly string[] = [],
+  options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
+): RunningScript {
+  const child = spawn(process.execPath, ["--import", "tsx", script, ...args], {
+    ...(options.cwd ? { cwd: options.cwd } : {}),
+    env: options.env ?? process.env,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout?.on("data", (chunk) => {
+    stdout += chunk;
+  });
+  child.stderr?.on("data", (chunk) => {
+    stderr += chunk;
+  });
+  return { child, stdout: () => stdout, stderr: () => stderr };
 }
 
 /**
@@ -16,20 +49,11 @@ export function runScript(
   options: { env?: Record<string, string>; cwd?: string } = {},
 ): Promise<ScriptResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ["--import", "tsx", script, ...args], {
+    const running = startScript(script, args, {
       ...(options.cwd ? { cwd: options.cwd } : {}),
       env: { ...process.env, ...options.env },
-      stdio: ["ignore", "pipe", "pipe"],
     });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (chunk) => {
-      stdout += chunk;
-    });
-    child.stderr.on("data", (chunk) => {
-      stderr += chunk;
-    });
-    child.on("error", reject);
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
+    running.child.on("error", reject);
+    running.child.on("close", (code) => resolve({ code, stdout: running.stdout(), stderr: running.stderr() }));
   });
 }
