@@ -6,5 +6,5 @@ export type { RunningScript, ScriptResult } from "./run-script.ts";
 export { runScript, startScript } from "./run-script.ts";
 export type { Connection, TestDatabase } from "./test-database.ts";
 export { useTestDatabase } from "./test-database.ts";
-export type { ThrowawayPostgres, ThrowawayPostgresOptions } from "./throwaway-postgres.ts";
+export type { ShutdownMode, ThrowawayPostgres, ThrowawayPostgresOptions } from "./throwaway-postgres.ts";
 export { startThrowawayPostgres } from "./throwaway-postgres.ts";

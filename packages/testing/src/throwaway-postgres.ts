@@ -18,8 +18,16 @@ export interface ThrowawayPostgres {
   readonly port: number;
   /** The cluster's folder (data, log, unix socket), removed by stop(). */
   readonly dir: string;
-  /** `pg_ctl restart -m fast`: every backend is terminated, then the server accepts connections again on the same port. */
-  restart(): Promise<void>;
+  /**
+   * `pg_ctl restart`: every backend is terminated, then the server accepts
+   * connections again on the same port. `immediate` is a crash (no shutdown
+   * checkpoint; the server recovers from its WAL on start). @default mode "fast"
+   */
+  restart(options?: { mode?: ShutdownMode }): Promise<void>;
+  /** `pg_ctl stop`: the server is down (connections refused) until `start()`; its data is kept. @default mode "fast" */
+  shutdown(options?: { mode?: ShutdownMode }): Promise<void>;
+  /** Starts the server again after `shutdown()`, on the same port. */
+  start(): Promise<void>;
   /**
    * Terminates (pg_terminate_backend) the client backends whose
    * application_name is `applicationName` and, when `inTransaction`, only those
@@ -32,6 +40,9 @@ export interface ThrowawayPostgres {
   /** Stops the server at once and removes its folder. Idempotent. */
   stop(): Promise<void>;
 }
+
+/** How `pg_ctl` stops the server: `fast` rolls back and disconnects every session; `immediate` kills them (crash recovery on the next start). */
+export type ShutdownMode = "fast" | "immediate";
 
 export interface ThrowawayPostgresOptions {
   /** Run against the new cluster's `postgres` database once it is up (e.g. the core migrations). */
@@ -145,8 +156,14 @@ export async function startThrowawayPostgres(options: ThrowawayPostgresOptions =
       url,
       port,
       dir,
-      async restart() {
-        await exec(pgCtl, ["restart", "-D", data, "-m", "fast", "-w", "-t", "30", "-l", logFile, "-o", `-p ${port}`]);
+      async restart({ mode = "fast" } = {}) {
+        await exec(pgCtl, ["restart", "-D", data, "-m", mode, "-w", "-t", "30", "-l", logFile, "-o", `-p ${port}`]);
+      },
+      async shutdown({ mode = "fast" } = {}) {
+        await exec(pgCtl, ["stop", "-D", data, "-m", mode, "-w", "-t", "30"]);
+      },
+      async start() {
+        await exec(pgCtl, ["start", "-D", data, "-l", logFile, "-w", "-t", "30", "-o", `-p ${port}`]);
       },
       async terminateBackends(applicationName, { inTransaction = false } = {}) {
         const sql = postgres(url, { max: 1, onnotice: () => {}, connection: { application_name: "throwaway-admin" } });
