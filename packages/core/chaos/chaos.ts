@@ -1,0 +1,617 @@
+// `pnpm chaos` (issue #12 item 1): the money rule under everything going
+// wrong at once, on this machine. A throwaway Postgres cluster of its own
+// (restarted once mid-run), the fake Vercel Queues server behind a hostile
+// broker (dropped acks, early redeliveries), 3-4 worker processes polling it
+// through the real @vercel/queue SDK (SIGKILLed at random and restarted, their
+// backends terminated, a low idle_in_transaction_session_timeout for a while),
+// handlers that fail, hang and rate-limit, a producer that publishes
+// duplicates, poison, scheduled jobs and colliding ordering keys, and an
+// operator bulk-replaying the exhausted letters while traffic flows. At the
+// end, in SQL: every job has exactly one effect or exactly one pending letter.
+//
+//   pnpm chaos [--seed N] [--long] [--jobs N] [--workers 3|4]
+//
+// The seed is printed first; the last line is the JSON summary. Exits 1 when
+// anything was lost, doubled or fenced without its effect, or a worker died
+// other than by the killer.
+import { type ChildProcess, spawn } from "node:child_process";
+import { createHash, randomBytes } from "node:crypto";
+import { appendFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { startThrowawayPostgres, type ThrowawayPostgres } from "@softcrum/testing";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { createVercelQueue, toVercelTopic } from "../src/adapters/vercel/index.ts";
+import { migrateCore } from "../src/db/migrate.ts";
+import { createEnvelope, type Envelope } from "../src/index.ts";
+import { createOps } from "../src/ops/index.ts";
+import { type FakeVercelQueues, startFakeVercelQueues } from "../test/fake-vercel-queues.ts";
+import {
+  CHAOS_CONSUMER,
+  CHAOS_KIND,
+  CHAOS_QUEUE,
+  CHAOS_TABLES_SQL,
+  CHAOS_TIMEOUT_MS,
+  type ChaosData,
+  type ChaosWorkerConfig,
+} from "./consumer.ts";
+import { type HostileBroker, startHostileBroker } from "./hostile-broker.ts";
+import { type Random, seeded } from "./random.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    seed: { type: "string" },
+    long: { type: "boolean", default: false },
+    jobs: { type: "string" },
+    workers: { type: "string" },
+  },
+  allowPositionals: true,
+});
+
+const seed = args.seed === undefined ? randomBytes(4).readUInt32BE(0) % 1_000_000_000 : Number(args.seed);
+if (!Number.isSafeInteger(seed) || seed < 0) {
+  console.error(`chaos: --seed must be a non-negative integer, got ${args.seed}`);
+  process.exit(2);
+}
+const long = args.long === true;
+const JOBS = args.jobs !== undefined ? Number(args.jobs) : long ? 20_000 : 1_500;
+/** Wall time over which the producer spreads its jobs. */
+const PRODUCE_MS = long ? Math.max(240_000, JOBS * 12) : Math.max(20_000, JOBS * 16);
+const DRAIN_TIMEOUT_MS = long ? 600_000 : 180_000;
+const WORKERS = args.workers !== undefined ? Number(args.workers) : 4;
+/**
+ * The fake broker's clock runs this many times faster than the wall clock:
+ * Vercel's shortest lease is 30 s, so a killed worker's messages come back
+ * after 3 s here instead of 30, and retry waits (>= 1 s) take a tenth.
+ */
+const SPEED = 10;
+const LEASE_SECONDS = 30;
+const CONCURRENCY = 4;
+const CUSTOMERS = 25;
+if (!(Number.isInteger(JOBS) && JOBS > 0) || !(WORKERS >= 3 && WORKERS <= 4)) {
+  console.error("chaos: --jobs must be a positive integer and --workers 3 or 4");
+  process.exit(2);
+}
+
+// One stream per agent, so that the producer's jobs are the same for a seed whatever the timing.
+const random = seeded(seed);
+const killerRandom = seeded(seed + 1);
+const terminatorRandom = seeded(seed + 2);
+const mode: "fast" | "immediate" = seed % 2 === 0 ? "fast" : "immediate";
+const started = Date.now();
+const log = (line: string) => console.log(`chaos [${((Date.now() - started) / 1000).toFixed(1)}s] ${line}`);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+console.log(
+  `chaos: seed ${seed} (replay: pnpm chaos --seed ${seed}${long ? " --long" : ""}); ${JOBS} jobs over ${PRODUCE_MS / 1000} s, ${WORKERS} workers, Postgres restart mode ${mode}`,
+);
+
+/** What the producer sent, to be checked against the database at the end. */
+interface Sent {
+  readonly jobs: Map<string, { fate: ChaosData["fate"] | "poison"; copies: number }>;
+  /** Payloads sent without a job_id a consumer could read (another stack's garbage): their SHA-256. */
+  readonly garbage: Set<string>;
+}
+
+interface Slot {
+  readonly index: number;
+  generation: number;
+  child: ChildProcess | undefined;
+  /** The killer sent SIGKILL to this child. */
+  killedByUs: boolean;
+}
+
+const counters = {
+  workerKills: 0,
+  backendKills: 0,
+  pgRestarts: 0,
+  unexpectedExits: [] as string[],
+  replayed: 0,
+  outcomes: {} as Record<string, number>,
+};
+
+/** The workers' stderr: kept when the run fails, removed when it passes. */
+const logFile = join(tmpdir(), `softcrum-chaos-${seed}-${process.pid}.log`);
+let pg: ThrowawayPostgres | undefined;
+let fake: FakeVercelQueues | undefined;
+let broker: HostileBroker | undefined;
+let clockTicker: NodeJS.Timeout | undefined;
+const slots: Slot[] = [];
+let stopping = false;
+
+async function main(): Promise<number> {
+  pg = await startThrowawayPostgres({
+    migrate: migrateCore,
+    // The throwaway cluster trades durability for speed (synchronous_commit
+    // off): an immediate shutdown would then lose commits already
+    // acknowledged — the cluster's fault, not the harness's. On here; fsync
+    // may stay off, since only Postgres crashes, never the machine.
+    settings: { max_connections: 100, synchronous_commit: "on" },
+  });
+  const cluster = pg;
+  writeFileSync(logFile, "");
+  log(`Postgres on port ${cluster.port} (${cluster.dir})`);
+  await withClient(cluster.url, (sql) => sql.unsafe(CHAOS_TABLES_SQL));
+
+  fake = await startFakeVercelQueues();
+  const broker_ = await startHostileBroker({
+    upstream: fake.url,
+    token: fake.clientOptions().token,
+    random: seeded(seed ^ 0x5bd1e995),
+  });
+  broker = broker_;
+  const fakeServer = fake;
+  // The fake's clock only moves when told: it follows the wall clock, SPEED times faster.
+  const fakeStart = fakeServer.clock.now();
+  clockTicker = setInterval(() => fakeServer.clock.advanceTo(fakeStart + (Date.now() - started) * SPEED), 10);
+  const topic = toVercelTopic(CHAOS_QUEUE);
+  const group = toVercelTopic(CHAOS_CONSUMER);
+
+  // Workers.
+  const workerScript = fileURLToPath(new URL("./worker.ts", import.meta.url));
+  const coreDir = fileURLToPath(new URL("..", import.meta.url));
+  const startWorker = (slot: Slot) => {
+    slot.generation += 1;
+    slot.killedByUs = false;
+    const config: ChaosWorkerConfig = {
+      index: slot.index,
+      workerSeed: (seed * 31 + slot.index * 7919 + slot.generation * 104_729) >>> 0,
+      databaseUrl: cluster.url,
+      brokerUrl: broker_.url,
+      token: fakeServer.clientOptions().token,
+      visibilityTimeoutSeconds: LEASE_SECONDS,
+      concurrency: CONCURRENCY,
+      timeoutMs: CHAOS_TIMEOUT_MS,
+    };
+    const child = spawn(process.execPath, ["--import", "tsx", workerScript, JSON.stringify(config)], {
+      cwd: coreDir,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    slot.child = child;
+    const name = `worker ${slot.index}.${slot.generation}`;
+    let last: Record<string, number> = {};
+    let buffered = "";
+    child.stdout?.on("data", (chunk: Buffer) => {
+      buffered += chunk.toString();
+      const lines = buffered.split("\n");
+      buffered = lines.pop() ?? "";
+      for (const line of lines) {
+        if (line.startsWith("STATS ")) last = JSON.parse(line.slice(6)) as Record<string, number>;
+      }
+    });
+    child.stderr?.on("data", (chunk: Buffer) => appendFileSync(logFile, `[${name}] ${chunk.toString()}`));
+    child.on("exit", (code, signal) => {
+      for (const [outcome, n] of Object.entries(last))
+        counters.outcomes[outcome] = (counters.outcomes[outcome] ?? 0) + n;
+      if (slot.child === child) slot.child = undefined;
+      const byKiller = slot.killedByUs && signal === "SIGKILL";
+      const byUsAtEnd = stopping && code === 0;
+      if (!byKiller && !byUsAtEnd) {
+        counters.unexpectedExits.push(`${name} exited with ${code ?? signal}`);
+        log(`UNEXPECTED: ${name} exited with ${code ?? signal} (see ${logFile})`);
+      }
+      if (!stopping) setTimeout(() => !stopping && !slot.child && startWorker(slot), killerRandom.int(100, 400));
+    });
+  };
+  for (let index = 0; index < WORKERS; index++) {
+    const slot: Slot = { index, generation: 0, child: undefined, killedByUs: false };
+    slots.push(slot);
+    startWorker(slot);
+  }
+
+  // The producer publishes through the adapter straight to the fake server.
+  const producer = createVercelQueue({
+    ...fakeServer.clientOptions(),
+    clock: fakeServer.clock,
+    env: {},
+    logger: { warn: () => {}, error: () => {} },
+  });
+  const opsPool = postgres(cluster.url, {
+    max: 3,
+    connect_timeout: 3,
+    backoff: () => 0.2,
+    onnotice: () => {},
+    connection: { application_name: "chaos-operator" },
+  });
+  const ops = createOps({
+    db: drizzle({ client: opsPool }),
+    queue: producer,
+    // One operator, no approver needed; a short lease so a run broken by the
+    // Postgres restart is taken over by the next one at once.
+    batchPolicy: { approvalThreshold: 1_000_000, leaseMs: 2_000, pollIntervalMs: 100 },
+  });
+
+  const sent: Sent = { jobs: new Map(), garbage: new Set() };
+  let produced = false;
+  const agents: Promise<void>[] = [];
+  let failedAgents = 0;
+  const during = (what: string, agent: () => Promise<void>) =>
+    agents.push(
+      agent().catch((error: unknown) => {
+        failedAgents += 1;
+        log(`PROBLEM ${what} failed: ${String(error)}`);
+      }),
+    );
+
+  // The killer: a random worker SIGKILLed every ~2 s, restarted when it is gone.
+  during("killer", async () => {
+    await sleep(2_000);
+    while (!produced) {
+      const live = slots.filter((s) => s.child && s.child.exitCode === null && !s.killedByUs);
+      if (live.length > 0) {
+        const slot = killerRandom.pick(live);
+        slot.killedByUs = true;
+        slot.child?.kill("SIGKILL");
+        counters.workerKills += 1;
+      }
+      await sleep(killerRandom.int(1_500, 2_500));
+    }
+  });
+  // The terminator: random worker backends, in a transaction or not.
+  during("terminator", async () => {
+    await sleep(1_000);
+    while (!produced) {
+      const slot = terminatorRandom.pick(slots);
+      try {
+        const pids = await cluster.terminateBackends(`chaos-worker-${slot.index}`, {
+          inTransaction: terminatorRandom.chance(0.6),
+        });
+        counters.backendKills += pids.length;
+      } catch (error) {
+        if (process.env["CHAOS_DEBUG"]) log(`terminator: ${String(error)}`);
+      } // the server is restarting
+      await sleep(terminatorRandom.int(500, 1_200));
+    }
+  });
+  // Postgres restarts once, a third of the way in; the idle-in-transaction timeout drops for 5 s later.
+  during("restarter", async () => {
+    await sleep(PRODUCE_MS * 0.35);
+    log(`restarting Postgres (${mode} shutdown)`);
+    await cluster.restart({ mode });
+    counters.pgRestarts += 1;
+    log("Postgres is back");
+  });
+  during("idle timeout", async () => {
+    await sleep(PRODUCE_MS * 0.6);
+    await withClient(cluster.url, async (sql) => {
+      await sql`alter system set idle_in_transaction_session_timeout = '120ms'`;
+      await sql`select pg_reload_conf()`;
+    });
+    log("idle_in_transaction_session_timeout is 120 ms for 5 s");
+    await sleep(5_000);
+    await withClient(cluster.url, async (sql) => {
+      await sql`alter system reset idle_in_transaction_session_timeout`;
+      await sql`select pg_reload_conf()`;
+    });
+  });
+  // The operator: repairs what made the exhausted letters fail, then bulk-replays them, while traffic flows.
+  const operatorPass = async (label: string) => {
+    const repaired = await opsPool`
+      insert into chaos_repaired (job_id)
+      select job_id::uuid from core.dead_letters
+      where consumer = ${CHAOS_CONSUMER} and status = 'pending_review' and error_class = 'exhausted' and job_id is not null
+      on conflict do nothing`;
+    const [pending] = await opsPool<{ n: number }[]>`
+      select count(*)::int as n from core.dead_letters
+      where consumer = ${CHAOS_CONSUMER} and status = 'pending_review' and error_class = 'exhausted'`;
+    if (!pending?.n) {
+      log(`operator ${label}: no exhausted letter to replay`);
+      return;
+    }
+    const batch = await ops.batches.create({
+      filter: { consumer: CHAOS_CONSUMER, errorClass: "exhausted" },
+      operator: "chaos-operator",
+      reason: `chaos ${label}: the downstream service is repaired`,
+      ratePerSecond: 200,
+      batchSize: 25,
+      maxFailureRate: 1,
+    });
+    for (let tries = 0; ; tries++) {
+      try {
+        const done = await ops.batches.run(batch.id, { operator: "chaos-operator" });
+        counters.replayed += done.replayed;
+        log(
+          `operator ${label}: ${repaired.count} jobs repaired, batch of ${done.selected} exhausted letters ${done.status} (${done.replayed} replayed)`,
+        );
+        return;
+      } catch (error) {
+        if (tries >= 20) throw error;
+        await sleep(2_500); // the batch's lease (2 s) runs out, then this run takes it over
+      }
+    }
+  };
+  during("operator", async () => {
+    await sleep(PRODUCE_MS * 0.5);
+    await operatorPass("mid-run");
+  });
+
+  // The producer.
+  const customers = Array.from({ length: CUSTOMERS }, (_, i) => `customer-${i}`);
+  const publish = async (n: number) => {
+    const r = random.next();
+    if (r < 0.005) {
+      // Another stack's garbage: no envelope at all.
+      const bytes = Buffer.concat([Buffer.from(`garbage ${seed} ${n} `), Buffer.from(randomOf(random, 16))]);
+      sent.garbage.add(createHash("sha256").update(bytes).digest("hex"));
+      fakeServer.inject(topic, bytes);
+      return;
+    }
+    const fate: ChaosData["fate"] | "poison" =
+      r < 0.01 ? "poison" : r < 0.03 ? "exhaust" : r < 0.04 ? "permanent" : "ok";
+    const data =
+      fate === "poison"
+        ? { customer: "", points: -random.int(1, 9), fate: "ok" }
+        : { customer: random.pick(customers), points: random.int(1, 100), fate };
+    const envelope: Envelope = createEnvelope({ tenantId: "chaos", kind: CHAOS_KIND, data });
+    const copies = random.chance(0.2) ? 2 : 1;
+    sent.jobs.set(envelope.job_id, { fate, copies });
+    const scheduled = random.chance(0.03);
+    const runAt = new Date(fakeServer.clock.now() + random.int(5, 60) * 1000);
+    const first = scheduled ? producer.schedule(CHAOS_QUEUE, envelope, runAt) : producer.publish(CHAOS_QUEUE, envelope);
+    const second = copies === 2 ? producer.publish(CHAOS_QUEUE, envelope, { delayMs: random.int(0, 20_000) }) : null;
+    await Promise.all([first, second]);
+  };
+  let n = 0;
+  const produceStart = Date.now();
+  while (n < JOBS) {
+    const due = Math.min(JOBS, Math.ceil((JOBS * (Date.now() - produceStart)) / PRODUCE_MS));
+    const batch: Promise<void>[] = [];
+    for (; n < due; n++) batch.push(publish(n));
+    await Promise.all(batch);
+    await sleep(50);
+  }
+  log(`produced ${sent.jobs.size + sent.garbage.size} jobs`);
+  // The operator's second pass runs against the backlog still flowing; then the killers stop.
+  await operatorPass("after the producer");
+  produced = true;
+  await Promise.all(agents);
+
+  // Drain: the broker stays hostile (dropped acks come back as duplicates).
+  const drainStart = Date.now();
+  let quietSince: number | undefined;
+  let drained = false;
+  while (Date.now() - drainStart < DRAIN_TIMEOUT_MS) {
+    const pending = fakeServer.pending(topic, group);
+    if (pending === 0) {
+      quietSince ??= Date.now();
+      if (Date.now() - quietSince >= 2_000) {
+        drained = true;
+        break;
+      }
+    } else quietSince = undefined;
+    await sleep(250);
+  }
+  log(
+    drained ? "drained" : `NOT drained after ${DRAIN_TIMEOUT_MS / 1000} s: ${fakeServer.pending(topic, group)} pending`,
+  );
+
+  // Stop the fleet: each worker finishes its deliveries and exits 0.
+  stopping = true;
+  await Promise.all(
+    slots.map(
+      (slot) =>
+        new Promise<void>((resolve) => {
+          const child = slot.child;
+          if (!child || child.exitCode !== null) return resolve();
+          const dump = setTimeout(() => {
+            withClient(
+              cluster.url,
+              (sql) => sql`
+              select pid, state, wait_event_type, wait_event, now() - xact_start as xact_age,
+                     now() - state_change as state_age, left(query, 200) as query
+              from pg_stat_activity where application_name = ${`chaos-worker-${slot.index}`}`,
+            )
+              .then((rows) =>
+                appendFileSync(
+                  logFile,
+                  `[worker ${slot.index}] not stopped after 5 s; its backends: ${JSON.stringify(rows)}\n`,
+                ),
+              )
+              .catch(() => {});
+          }, 5_000);
+          const timer = setTimeout(() => child.kill("SIGKILL"), 15_000);
+          child.once("exit", () => {
+            clearTimeout(timer);
+            clearTimeout(dump);
+            resolve();
+          });
+          child.kill("SIGTERM");
+        }),
+    ),
+  );
+  await opsPool.end({ timeout: 5 });
+  await producer.close();
+
+  // The money rule, in SQL.
+  const verdict = await withClient(cluster.url, (sql) => check(sql, sent));
+  for (const jobId of verdict.lostJobs.slice(0, 3)) log(`FORENSICS ${forensics(jobId, fakeServer, broker_)}`);
+  log(
+    `outcomes ${JSON.stringify(counters.outcomes)}; broker ${JSON.stringify(broker_.stats)}; replayed ${counters.replayed}`,
+  );
+  for (const line of verdict.problems.slice(0, 20)) log(`PROBLEM ${line}`);
+  for (const line of counters.unexpectedExits) log(`PROBLEM ${line}`);
+  const summary = {
+    jobs: sent.jobs.size + sent.garbage.size,
+    effects: verdict.effects,
+    dead_letters: verdict.deadLetters,
+    lost: verdict.lost,
+    doubled: verdict.doubled,
+    orphan_fences: verdict.orphanFences,
+    worker_kills: counters.workerKills,
+    backend_kills: counters.backendKills,
+    pg_restarts: counters.pgRestarts,
+    seconds: Math.round((Date.now() - started) / 100) / 10,
+  };
+  const ok =
+    summary.lost === 0 &&
+    summary.doubled === 0 &&
+    summary.orphan_fences === 0 &&
+    counters.unexpectedExits.length === 0 &&
+    verdict.problems.length === 0 &&
+    drained &&
+    failedAgents === 0;
+  if (!ok) log(`FAILED: replay with pnpm chaos --seed ${seed}${long ? " --long" : ""}; worker logs in ${logFile}`);
+  if (ok) rmSync(logFile, { force: true });
+  console.log(JSON.stringify(summary));
+  return ok ? 0 : 1;
+}
+
+interface Verdict {
+  effects: number;
+  /** Letters pending review at the end. */
+  deadLetters: number;
+  lost: number;
+  doubled: number;
+  orphanFences: number;
+  problems: string[];
+  lostJobs: string[];
+}
+
+/** What the fake server and the broker saw of a job's messages. */
+function forensics(jobId: string, fake: FakeVercelQueues, broker: HostileBroker): string {
+  const sends = fake.sends.filter((s) => s.body.includes(jobId));
+  const ids = new Set(sends.map((s) => s.messageId));
+  const group = toVercelTopic(CHAOS_CONSUMER);
+  return JSON.stringify({
+    jobId,
+    sends: sends.map((s) => ({
+      order: s.order,
+      messageId: s.messageId,
+      deduplicated: s.deduplicated,
+      delaySeconds: s.delaySeconds,
+      key: s.idempotencyKey,
+      deferral: s.body.subarray(0, 24).toString().startsWith('{"softcrum_deferral"'),
+      deliveries: fake.deliveryCount(s.topic, group, s.messageId),
+    })),
+    leaseCalls: fake.leaseCalls.filter((c) => ids.has(c.messageId)),
+    broker: broker.events.filter((e) => e.messageId !== undefined && ids.has(e.messageId)),
+  });
+}
+
+/**
+ * Every job: exactly one effect (and its fence), or exactly one
+ * pending_review letter (earlier letters of it may be `replayed`) — never
+ * both, never neither, never two effects. Garbage payloads: exactly one
+ * poison letter each. Every fence has its effect and every effect its fence.
+ */
+async function check(sql: postgres.Sql, sent: Sent): Promise<Verdict> {
+  const problems: string[] = [];
+  const ids = [...sent.jobs.keys()];
+  const rows = await sql<{ job_id: string; effects: number; fences: number; pending: number; replayed: number }[]>`
+    with jobs as (select unnest(${ids}::uuid[]) as job_id),
+    e as (select job_id, count(*)::int as n from chaos_effects group by job_id),
+    f as (select job_id, count(*)::int as n from core.processed_jobs where consumer = ${CHAOS_CONSUMER} group by job_id),
+    l as (
+      select job_id, count(*) filter (where status = 'pending_review')::int as pending,
+             count(*) filter (where status = 'replayed')::int as replayed
+      from core.dead_letters where consumer = ${CHAOS_CONSUMER} and job_id is not null group by job_id)
+    select jobs.job_id::text, coalesce(e.n, 0) as effects, coalesce(f.n, 0) as fences,
+           coalesce(l.pending, 0) as pending, coalesce(l.replayed, 0) as replayed
+    from jobs left join e on e.job_id = jobs.job_id left join f on f.job_id = jobs.job_id
+    left join l on l.job_id = jobs.job_id::text`;
+  let lost = 0;
+  let doubled = 0;
+  const lostJobs: string[] = [];
+  for (const row of rows) {
+    const fate = sent.jobs.get(row.job_id)?.fate;
+    const what = `job ${row.job_id} (${fate}): ${row.effects} effects, ${row.fences} fences, ${row.pending} pending letters, ${row.replayed} replayed`;
+    if (row.effects === 0 && row.pending === 0) {
+      lost += 1;
+      lostJobs.push(row.job_id);
+      problems.push(`lost ${what}`);
+    } else if (row.effects > 1 || row.pending > 1 || (row.effects > 0 && row.pending > 0)) {
+      doubled += 1;
+      problems.push(`doubled ${what}`);
+    } else if (fate === "poison" && row.effects > 0) {
+      doubled += 1;
+      problems.push(`poison applied: ${what}`);
+    }
+  }
+  const garbage = [...sent.garbage];
+  const letters = await sql<{ sha: string; n: number }[]>`
+    select payload_sha256 as sha, count(*)::int as n from core.dead_letters
+    where consumer = ${CHAOS_CONSUMER} and job_id is null and status = 'pending_review' and error_class = 'poison'
+    group by payload_sha256`;
+  const bySha = new Map(letters.map((l) => [l.sha, l.n]));
+  for (const sha of garbage) {
+    const found = bySha.get(sha) ?? 0;
+    if (found === 0) {
+      lost += 1;
+      problems.push(`lost garbage payload ${sha}: no poison letter`);
+    } else if (found > 1) {
+      doubled += 1;
+      problems.push(`doubled garbage payload ${sha}: ${found} letters`);
+    }
+  }
+  const [orphans] = await sql<{ fences: number; effects: number; strangers: number }[]>`
+    select
+      (select count(*)::int from core.processed_jobs p where consumer = ${CHAOS_CONSUMER}
+         and not exists (select 1 from chaos_effects e where e.job_id = p.job_id)) as fences,
+      (select count(*)::int from chaos_effects e
+         where not exists (select 1 from core.processed_jobs p where p.job_id = e.job_id and p.consumer = ${CHAOS_CONSUMER})) as effects,
+      (select count(*)::int from chaos_effects e where not (e.job_id = any(${ids}::uuid[]))) as strangers`;
+  const orphanFences = (orphans?.fences ?? 0) + (orphans?.effects ?? 0);
+  if (orphanFences > 0)
+    problems.push(`${orphans?.fences} fences without effect, ${orphans?.effects} effects without fence`);
+  if ((orphans?.strangers ?? 0) > 0) {
+    doubled += orphans?.strangers ?? 0;
+    problems.push(`${orphans?.strangers} effects of jobs nobody sent`);
+  }
+  // The balances were written in the same transactions as the effects.
+  const [sums] = await sql<{ effects: string; balances: string; count: number; pending: number }[]>`
+    select (select coalesce(sum(amount), 0)::text from chaos_effects) as effects,
+           (select coalesce(sum(points), 0)::text from chaos_balances) as balances,
+           (select count(*)::int from chaos_effects) as count,
+           (select count(*)::int from core.dead_letters where status = 'pending_review') as pending`;
+  const classes = await sql<{ error_class: string; status: string; n: number }[]>`
+    select error_class, status, count(*)::int as n from core.dead_letters group by 1, 2 order by 1, 2`;
+  console.log(
+    `chaos: letters ${classes.map((c) => `${c.error_class}/${c.status} ${c.n}`).join(", ")}; total sent ${sent.jobs.size} jobs + ${sent.garbage.size} garbage payloads`,
+  );
+  if (sums?.effects !== sums?.balances) problems.push(`balances ${sums?.balances} != effects ${sums?.effects}`);
+  return {
+    effects: sums?.count ?? 0,
+    deadLetters: sums?.pending ?? 0,
+    lost,
+    doubled,
+    orphanFences,
+    problems,
+    lostJobs,
+  };
+}
+
+function randomOf(random: Random, length: number): Uint8Array {
+  return Uint8Array.from({ length }, () => random.int(0, 255));
+}
+
+async function withClient<T>(url: string, work: (sql: postgres.Sql) => Promise<T>): Promise<T> {
+  const sql = postgres(url, { max: 1, onnotice: () => {}, connect_timeout: 5 });
+  try {
+    return await work(sql);
+  } finally {
+    await sql.end({ timeout: 2 });
+  }
+}
+
+async function cleanup(): Promise<void> {
+  stopping = true;
+  if (clockTicker) clearInterval(clockTicker);
+  for (const slot of slots) if (slot.child && slot.child.exitCode === null) slot.child.kill("SIGKILL");
+  await broker?.close().catch(() => {});
+  await fake?.close().catch(() => {});
+  await pg?.stop();
+}
+
+let code = 1;
+try {
+  code = await main();
+} catch (error) {
+  console.error(`chaos: the run itself failed (seed ${seed}):`, error);
+  code = 1;
+} finally {
+  await cleanup();
+}
+process.exit(code);

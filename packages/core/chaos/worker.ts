@@ -1,0 +1,196 @@
+// One worker process of the chaos run (chaos.ts starts 3-4 of them and kills
+// them at random): the harness on a postgres.js pool, fed by the Vercel
+// adapter's poll loop through the real @vercel/queue SDK, against the fake
+// Vercel Queues server behind the run's hostile broker. Its handler writes
+// the job's effect through `tx` and then meets faults drawn from the run's seed. It prints `STATS <json>` (outcome counts) every
+// second, and exits 0 on SIGTERM once its deliveries in flight have ended.
+import { sql } from "drizzle-orm";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { createVercelQueue, type VercelDeliveryEvent } from "../src/adapters/vercel/index.ts";
+import {
+  type BoundConsumer,
+  bindConsumer,
+  type HandlerContext,
+  PermanentError,
+  RateLimitedError,
+} from "../src/index.ts";
+import { CHAOS_CONSUMER, type ChaosData, type ChaosWorkerConfig, chaosConsumer } from "./consumer.ts";
+import { seeded } from "./random.ts";
+
+const config = JSON.parse(process.argv[2] ?? "{}") as ChaosWorkerConfig;
+const applicationName = `chaos-worker-${config.index}`;
+
+const pool = postgres(config.databaseUrl, {
+  max: config.concurrency + 2,
+  connect_timeout: 3,
+  // Reconnect within 0.2 s after a failure (postgres.js waits up to 20 s by
+  // default): the same recovery, on the run's time scale.
+  backoff: () => 0.2,
+  connection: { application_name: applicationName },
+  onnotice: () => {},
+});
+// Counts reserve() and begin() calls still waiting, for a worker that does not stop.
+const waiting = { reserve: 0, begin: 0 };
+const reserve = pool.reserve.bind(pool);
+pool.reserve = async () => {
+  waiting.reserve += 1;
+  try {
+    return await reserve();
+  } finally {
+    waiting.reserve -= 1;
+  }
+};
+// begin() calls not settled: whether their callback ever got a connection.
+const begins = new Map<object, { since: number; started: boolean; ended: boolean }>();
+const begin = pool.begin.bind(pool) as (...args: unknown[]) => Promise<unknown>;
+(pool as unknown as { begin: unknown }).begin = (...args: unknown[]) => {
+  const key = {};
+  const record = { since: Date.now(), started: false, ended: false };
+  begins.set(key, record);
+  const fn = args[args.length - 1] as (tx: unknown) => Promise<unknown>;
+  args[args.length - 1] = async (tx: unknown) => {
+    record.started = true;
+    try {
+      return await fn(tx);
+    } finally {
+      record.ended = true;
+    }
+  };
+  return begin(...args).finally(() => begins.delete(key));
+};
+const db = drizzle({ client: pool });
+// Each process (and each restart of it) draws its own faults from the run's seed.
+const random = seeded(config.workerSeed);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function jobIdOf(body: unknown): string | undefined {
+  try {
+    const text = typeof body === "string" ? body : Buffer.from(body as Uint8Array).toString("utf8");
+    return (JSON.parse(text) as { job_id?: string }).job_id;
+  } catch {
+    return undefined;
+  }
+}
+
+const consumer = chaosConsumer(async (data, ctx) => {
+  const stage = stageOf.get(ctx.envelope.job_id);
+  if (stage) stage.stage = "handler";
+  try {
+    await handle(data, ctx);
+  } finally {
+    if (stage) stage.stage = "after handler";
+  }
+});
+
+async function handle(data: ChaosData, { tx, envelope }: HandlerContext): Promise<void> {
+  // The operator fixed what made this job fail before replaying it (chaos.ts
+  // records that here): it runs clean from then on.
+  const repaired = (await tx.execute(sql`select 1 from chaos_repaired where job_id = ${envelope.job_id}`)) as unknown[];
+  const clean = repaired.length > 0;
+  if (!clean && data.fate === "permanent") throw new PermanentError("chaos: the customer account is closed");
+  if (!clean && data.fate === "exhaust") throw new Error("chaos: the downstream service keeps failing");
+  await tx.execute(
+    sql`insert into chaos_effects (job_id, consumer, customer, amount) values (${envelope.job_id}, ${CHAOS_CONSUMER}, ${data.customer}, ${data.points})`,
+  );
+  // The customer's running balance: deliveries with the same ordering key
+  // (the customer) are serialised by the harness, so this never deadlocks.
+  await tx.execute(
+    sql`insert into chaos_balances (customer, points) values (${data.customer}, ${data.points})
+        on conflict (customer) do update set points = chaos_balances.points + excluded.points`,
+  );
+  if (clean) return;
+  // Faults after the write: the transaction must roll it back.
+  const r = random.next();
+  if (r < 0.25) throw new Error("chaos: transient downstream failure");
+  if (r < 0.28) throw new RateLimitedError("chaos: provider answered 429", { retryAfterMs: 300 });
+  if (r < 0.295) {
+    // Hangs past the handler's timeout, deaf to its signal.
+    await sleep(config.timeoutMs + 400);
+    return;
+  }
+  if (r < 0.32) {
+    // An error whose code says "connection reset" and says nothing about the
+    // harness's own connection (SPEC §4: only its connection state counts).
+    throw Object.assign(new Error("chaos: socket hang up"), { code: "ECONNRESET" });
+  }
+  // Idle in transaction for a while (the terminator and the low
+  // idle_in_transaction_session_timeout find it here), or busy in a statement.
+  if (r < 0.36) await sleep(250);
+  else if (r < 0.4) await tx.execute(sql`select pg_sleep(0.15)`);
+}
+
+const harness = bindConsumer(consumer, {
+  db,
+  logger: { warn: () => {}, error: () => {} },
+});
+// Deliveries in flight, so that a worker that does not stop can say which ones hold it.
+const inFlight = new Map<
+  object,
+  { messageId: string | undefined; count: number; since: number; stage: string; outcome?: string }
+>();
+const stageOf = new Map<string, { stage: string }>();
+const bound: BoundConsumer = {
+  name: harness.name,
+  queue: harness.queue,
+  ...(harness.timeoutMs !== undefined ? { timeoutMs: harness.timeoutMs } : {}),
+  async deliver(delivery) {
+    const key = {};
+    const record = {
+      messageId: delivery.messageId,
+      count: delivery.deliveryCount,
+      since: Date.now(),
+      stage: "harness",
+    };
+    inFlight.set(key, record);
+    const jobId = jobIdOf(delivery.body);
+    if (jobId) stageOf.set(jobId, record);
+    try {
+      return await harness.deliver(delivery);
+    } finally {
+      inFlight.delete(key);
+      if (jobId && stageOf.get(jobId) === record) stageOf.delete(jobId);
+    }
+  },
+};
+const queue = createVercelQueue({
+  region: "iad1",
+  token: config.token,
+  deploymentId: null,
+  resolveBaseUrl: () => new URL(config.brokerUrl),
+  visibilityTimeoutSeconds: config.visibilityTimeoutSeconds,
+  env: {},
+  logger: { warn: () => {}, error: () => {} },
+});
+const outcomes: Record<string, number> = {};
+queue.onDelivery((event: VercelDeliveryEvent) => {
+  const key = event.result.outcome;
+  outcomes[key] = (outcomes[key] ?? 0) + 1;
+});
+const worker = queue.startWorker(bound, { concurrency: config.concurrency, idleDelayMs: 100, errorDelayMs: 200 });
+const report = () => process.stdout.write(`STATS ${JSON.stringify(outcomes)}\n`);
+const ticker = setInterval(report, 1_000);
+process.stdout.write("READY\n");
+
+let stopping = false;
+process.on("SIGTERM", () => {
+  if (stopping) return;
+  stopping = true;
+  void (async () => {
+    clearInterval(ticker);
+    const watchdog = setInterval(() => {
+      const now = Date.now();
+      const stuck = [...inFlight.values()].map((d) => ({ ...d, since: `${now - d.since} ms ago` }));
+      const beginning = [...begins.values()].map((b) => ({ ...b, since: `${now - b.since} ms ago` }));
+      process.stderr.write(
+        `STOPPING for a while: ${worker.inFlight} lanes busy, ${waiting.reserve} reserve() waiting, deliveries in flight ${JSON.stringify(stuck)}, begin() calls ${JSON.stringify(beginning)}\n`,
+      );
+    }, 3_000);
+    watchdog.unref();
+    await worker.stop();
+    await queue.close();
+    await pool.end({ timeout: 5 });
+    report();
+    process.exit(0);
+  })();
+});
