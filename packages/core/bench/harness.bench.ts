@@ -9,6 +9,7 @@
  *   (c) raw:         hand-tuned postgres.js — BEGIN pipelined with the fence insert, prepared statements.
  * Then the harness's jobs are delivered again (all duplicates), and the TTL
  * cleanup deletes 1,000,000 expired fence rows while 16 consumers keep going.
+ * Last, the soak (bench/soak.bench.ts, SOAK_JOBS jobs in a process of its own).
  * The last line printed is JSON (see README).
  */
 import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "@softcrum/testing/postgres";
@@ -26,6 +27,7 @@ import {
   type WorkTransaction,
 } from "../src/index.ts";
 import { createFenceCleanup } from "../src/maintenance/fence-cleanup.ts";
+import { runSoak } from "./soak-child.ts";
 
 const JOBS = Number(process.env["BENCH_JOBS"] ?? 20_000);
 const CONCURRENCY = 16;
@@ -201,6 +203,8 @@ try {
     duplicate_jobs_per_s: rate(duplicateMs),
     cleanup_deleted_rows_per_s: Math.round((cleaned.deleted / cleanupMs) * 1000),
     cleanup_p99_ratio: Number((p99(during) / p99(before)).toFixed(3)),
+    // Issue #12 item 4: SOAK_JOBS (default 1,000,000) through the in-process adapter, in a child process.
+    ...(await runSoak()),
   };
   console.log(
     `jobs per variant: ${JOBS}, concurrency ${CONCURRENCY}, ${ROUNDS} interleaved rounds, Postgres from ${server.source}`,
