@@ -288,16 +288,24 @@ async function main(): Promise<number> {
     });
   });
   // The operator: repairs what made the exhausted letters fail, then bulk-replays them, while traffic flows.
-  const operatorPass = async (label: string) => {
+  const exhaustedLetters = async () => {
+    const [row] = await opsPool<{ n: number }[]>`
+      select count(*)::int as n from core.dead_letters
+      where consumer = ${CHAOS_CONSUMER} and status = 'pending_review' and error_class = 'exhausted'`;
+    return row?.n ?? 0;
+  };
+  const operatorPass = async (label: string, waitMs: number) => {
+    // Letters come late when the fleet has a backlog: wait for the first ones.
+    for (const deadline = Date.now() + waitMs; Date.now() < deadline; ) {
+      if ((await exhaustedLetters().catch(() => 0)) > 0) break;
+      await sleep(500);
+    }
     const repaired = await opsPool`
       insert into chaos_repaired (job_id)
       select job_id::uuid from core.dead_letters
       where consumer = ${CHAOS_CONSUMER} and status = 'pending_review' and error_class = 'exhausted' and job_id is not null
       on conflict do nothing`;
-    const [pending] = await opsPool<{ n: number }[]>`
-      select count(*)::int as n from core.dead_letters
-      where consumer = ${CHAOS_CONSUMER} and status = 'pending_review' and error_class = 'exhausted'`;
-    if (!pending?.n) {
+    if ((await exhaustedLetters()) === 0) {
       log(`operator ${label}: no exhausted letter to replay`);
       return;
     }
@@ -325,7 +333,7 @@ async function main(): Promise<number> {
   };
   during("operator", async () => {
     await sleep(PRODUCE_MS * 0.5);
-    await operatorPass("mid-run");
+    await operatorPass("mid-run", PRODUCE_MS * 0.3);
   });
 
   // The producer.
@@ -364,9 +372,9 @@ async function main(): Promise<number> {
     await sleep(50);
   }
   log(`produced ${sent.jobs.size + sent.garbage.size} jobs`);
-  // The operator's second pass runs against the backlog still flowing; then the killers stop.
-  await operatorPass("after the producer");
+  // The killers stop; the operator's second pass runs while the backlog still flows.
   produced = true;
+  during("operator", () => operatorPass("while the backlog drains", 30_000));
   await Promise.all(agents);
 
   // Drain: the broker stays hostile (dropped acks come back as duplicates).
@@ -428,6 +436,10 @@ async function main(): Promise<number> {
   // The money rule, in SQL.
   const verdict = await withClient(cluster.url, (sql) => check(sql, sent));
   for (const jobId of verdict.lostJobs.slice(0, 3)) log(`FORENSICS ${forensics(jobId, fakeServer, broker_)}`);
+  if (process.env["CHAOS_DEBUG"]) {
+    const sample = [...sent.jobs].find(([, job]) => job.fate === "exhaust")?.[0];
+    if (sample) log(`DEBUG an exhaust job: ${forensics(sample, fakeServer, broker_)}`);
+  }
   log(
     `outcomes ${JSON.stringify(counters.outcomes)}; broker ${JSON.stringify(broker_.stats)}; replayed ${counters.replayed}`,
   );
