@@ -60,7 +60,7 @@ const long = args.long === true;
 const JOBS = args.jobs !== undefined ? Number(args.jobs) : long ? 20_000 : 1_500;
 /** Wall time over which the producer spreads its jobs. */
 const PRODUCE_MS = long ? Math.max(240_000, JOBS * 12) : Math.max(20_000, JOBS * 16);
-const DRAIN_TIMEOUT_MS = long ? 600_000 : 180_000;
+const DRAIN_TIMEOUT_MS = long ? 1_200_000 : 180_000;
 const WORKERS = args.workers !== undefined ? Number(args.workers) : 4;
 /**
  * The fake broker's clock runs this many times faster than the wall clock:
