@@ -362,8 +362,11 @@ async function main(): Promise<number> {
     sent.jobs.set(envelope.job_id, { fate, copies });
     const scheduled = random.chance(0.03);
     const runAt = new Date(fakeServer.clock.now() + random.int(5, 60) * 1000);
-    const first = scheduled ? producer.schedule(CHAOS_QUEUE, envelope, runAt) : producer.publish(CHAOS_QUEUE, envelope);
-    const second = copies === 2 ? producer.publish(CHAOS_QUEUE, envelope, { delayMs: random.int(0, 20_000) }) : null;
+    const delayMs = random.int(0, 20_000);
+    const first = retried(() =>
+      scheduled ? producer.schedule(CHAOS_QUEUE, envelope, runAt) : producer.publish(CHAOS_QUEUE, envelope),
+    );
+    const second = copies === 2 ? retried(() => producer.publish(CHAOS_QUEUE, envelope, { delayMs })) : null;
     await Promise.all([first, second]);
   };
   let n = 0;
@@ -597,6 +600,22 @@ async function check(sql: postgres.Sql, sent: Sent): Promise<Verdict> {
     problems,
     lostJobs,
   };
+}
+
+/**
+ * A producer retries a publish that failed (a keep-alive socket the server
+ * closed as it was reused answers ECONNRESET): a retried publish may store the
+ * job twice, which is what at-least-once means; the fence makes it harmless.
+ */
+async function retried<T>(publish: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await publish();
+    } catch (error) {
+      if (attempt >= 5) throw error;
+      await sleep(50 * attempt);
+    }
+  }
 }
 
 function randomOf(random: Random, length: number): Uint8Array {
