@@ -331,9 +331,23 @@ async function main(): Promise<number> {
       }
     }
   };
-  during("operator", async () => {
+  // From half-way through the production until the queue has drained, the
+  // operator replays whatever exhausted letters there are, every few seconds
+  // (they come late when the fleet has a backlog: each attempt waits behind it).
+  let operatorStop = false;
+  let operatorRounds = 0;
+  const operator = (async () => {
     await sleep(PRODUCE_MS * 0.5);
-    await operatorPass("mid-run", PRODUCE_MS * 0.3);
+    while (!operatorStop) {
+      if ((await exhaustedLetters().catch(() => 0)) > 0) {
+        operatorRounds += 1;
+        await operatorPass(`round ${operatorRounds}${produced ? " (backlog draining)" : " (mid-run)"}`, 0);
+      }
+      await sleep(2_000);
+    }
+  })().catch((error: unknown) => {
+    failedAgents += 1;
+    log(`PROBLEM operator failed: ${String(error)}`);
   });
 
   // The producer.
@@ -381,7 +395,6 @@ async function main(): Promise<number> {
   log(`produced ${sent.jobs.size + sent.garbage.size} jobs`);
   // The killers stop; the operator's second pass runs while the backlog still flows.
   produced = true;
-  during("operator", () => operatorPass("while the backlog drains", 30_000));
   await Promise.all(agents);
 
   // Drain: the broker stays hostile (dropped acks come back as duplicates).
@@ -393,12 +406,22 @@ async function main(): Promise<number> {
     if (pending === 0) {
       quietSince ??= Date.now();
       if (Date.now() - quietSince >= 2_000) {
+        // The operator's last pass may publish replays: drained only if none.
+        if (!operatorStop) {
+          operatorStop = true;
+          await operator;
+          quietSince = undefined;
+          continue;
+        }
         drained = true;
         break;
       }
     } else quietSince = undefined;
     await sleep(250);
   }
+  operatorStop = true;
+  await operator;
+  if (operatorRounds === 0) log("operator: no exhausted letter appeared before the queue drained");
   log(
     drained ? "drained" : `NOT drained after ${DRAIN_TIMEOUT_MS / 1000} s: ${fakeServer.pending(topic, group)} pending`,
   );
