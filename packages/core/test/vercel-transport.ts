@@ -1,6 +1,7 @@
 /** Test wiring: the Vercel adapter, through the real SDK, against the fake server. */
 import {
   createVercelQueue,
+  toVercelReplayTopic,
   toVercelTopic,
   type VercelQueue,
   type VercelQueueOptions,
@@ -41,10 +42,14 @@ export async function vercelHarness(
     subscribe(consumer) {
       if (mode === "push") {
         // One consumer group per consumer, as one route file per consumer is on Vercel.
-        fake.subscribePush(toVercelTopic(consumer.queue), queue.pushHandler(consumer), {
+        const route = queue.pushHandler(consumer);
+        const trigger = {
           group: `route_${toVercelTopic(consumer.name)}`,
           ...(retryAfterSeconds !== undefined ? { retryAfterSeconds } : {}),
-        });
+        };
+        fake.subscribePush(toVercelTopic(consumer.queue), route, trigger);
+        // The same route's second trigger: the consumer's replay topic (#10 item 3).
+        fake.subscribePush(toVercelReplayTopic(consumer.queue, consumer.name), route, trigger);
       } else {
         polled.push(consumer);
       }

@@ -30,7 +30,14 @@ import { type Clock, systemClock } from "../../clock.ts";
 import { type Envelope, parseEnvelope } from "../../envelope.ts";
 import { describeError, InvalidConfigError, QueueClosedError } from "../../errors.ts";
 import { consoleLogger, type Logger } from "../../ports/logger.ts";
-import type { BoundConsumer, DeliveryResult, PublishOptions, PublishReceipt, QueuePort } from "../../queue-port.ts";
+import type {
+  BoundConsumer,
+  DeliveryResult,
+  PublishOptions,
+  PublishReceipt,
+  QueuePort,
+  ReplayLanePort,
+} from "../../queue-port.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
 
 /** Longest retention Vercel Queues keeps a message (7 days); a delay may not exceed the retention. */
@@ -78,6 +85,12 @@ export interface VercelWorkerOptions {
   readonly idleDelayMs?: number;
   /** Wait after a failed receive (network, 5xx) before asking again. @default 5_000 */
   readonly errorDelayMs?: number;
+  /**
+   * Lanes receiving the consumer's replay topic (`toVercelReplayTopic`), apart
+   * from `concurrency`: replays never take live lanes (SPEC §5). 0 starts
+   * none (another worker or a route serves the replay topic). @default 1
+   */
+  readonly replayConcurrency?: number;
 }
 
 export interface VercelWorker {
@@ -104,9 +117,14 @@ export interface VercelDeliveryEvent {
   readonly afterSeconds?: number;
 }
 
-export interface VercelQueue extends QueuePort {
+export interface VercelQueue extends QueuePort, ReplayLanePort {
   readonly region: string;
-  /** A route handler (`export const POST = …`) delivering a vercel.json trigger's messages to `consumer`. */
+  /**
+   * A route handler (`export const POST = …`) delivering a vercel.json
+   * trigger's messages to `consumer`: those of its queue's topic, and those of
+   * its replay topic (`toVercelReplayTopic`) — give the replay topic its own
+   * trigger (with its own concurrency) on the same route.
+   */
   pushHandler(consumer: BoundConsumer): (request: Request) => Promise<Response>;
   /** Starts a poll loop delivering `consumer`'s queue (consumer group = its mapped name) until `stop()`. */
   startWorker(consumer: BoundConsumer, options?: VercelWorkerOptions): VercelWorker;
@@ -143,6 +161,16 @@ export function toVercelTopic(name: string): string {
     }
   }
   return out;
+}
+
+/**
+ * The replay topic of one consumer of a queue (#10 item 3): replays travel
+ * apart from live traffic, on a topic only that consumer reads, with the
+ * letter's bytes unwrapped. `_R` never occurs in a name `toVercelTopic` makes,
+ * so no queue's topic can collide with a replay topic.
+ */
+export function toVercelReplayTopic(queue: string, consumer: string): string {
+  return `${toVercelTopic(queue)}_R${toVercelTopic(consumer)}`;
 }
 
 /** The inverse of `toVercelTopic`. Throws `InvalidConfigError` for a topic it did not make. */
@@ -432,6 +460,19 @@ class VercelQueueAdapter implements VercelQueue {
     return this.#send(topic, body, delaySeconds, key);
   }
 
+  async publishReplay(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string },
+  ): Promise<PublishReceipt> {
+    if (this.#closed) throw new QueueClosedError();
+    const topic = toVercelReplayTopic(queue, opts?.targetConsumer);
+    // The letter's bytes as they are: on the consumer's own replay topic the
+    // message needs no wrapper to say whom it is for, or that it is a replay.
+    const bytes = typeof body === "string" ? Buffer.from(body, "utf8") : body;
+    return this.#send(topic, bytes, 0, undefined);
+  }
+
   async schedule(queue: string, payload: Envelope, runAt: Date): Promise<PublishReceipt> {
     if (!(runAt instanceof Date) || Number.isNaN(runAt.getTime())) {
       throw new InvalidConfigError(`schedule(${JSON.stringify(queue)}): runAt must be a valid Date`);
@@ -463,8 +504,10 @@ class VercelQueueAdapter implements VercelQueue {
 
   pushHandler(consumer: BoundConsumer): (request: Request) => Promise<Response> {
     const topic = this.#bindTopic(consumer);
+    const replayTopic = toVercelReplayTopic(consumer.queue, consumer.name);
     const handle = this.#client.handleCallback<Uint8Array>(
-      (payload, metadata) => this.#process(consumer, topic, payload, metadata),
+      (payload, metadata) =>
+        this.#process(consumer, metadata.topicName === replayTopic ? replayTopic : topic, payload, metadata),
       { visibilityTimeoutSeconds: this.#config.visibilityTimeoutSeconds, retry: directiveOf },
     );
     return async (request: Request) => {
@@ -482,14 +525,38 @@ class VercelQueueAdapter implements VercelQueue {
     if (this.#closed) throw new QueueClosedError();
     const topic = this.#bindTopic(consumer);
     const group = toVercelTopic(consumer.name);
-    const worker = new PollWorker(
+    const idleDelayMs = nonNegative(options.idleDelayMs ?? 1_000, "idleDelayMs");
+    const errorDelayMs = nonNegative(options.errorDelayMs ?? 5_000, "errorDelayMs");
+    const replayLanes = nonNegative(options.replayConcurrency ?? 1, "replayConcurrency");
+    const live = new PollWorker(
       (lane) => this.#receiveOne(consumer, topic, group, lane),
       positiveInteger(options.concurrency ?? 4, "concurrency"),
-      nonNegative(options.idleDelayMs ?? 1_000, "idleDelayMs"),
-      nonNegative(options.errorDelayMs ?? 5_000, "errorDelayMs"),
+      idleDelayMs,
+      errorDelayMs,
       this.#logger,
       `${consumer.name} on ${consumer.queue}`,
     );
+    const replayTopic = toVercelReplayTopic(consumer.queue, consumer.name);
+    const replays =
+      replayLanes > 0
+        ? new PollWorker(
+            (lane) => this.#receiveOne(consumer, replayTopic, group, lane),
+            positiveInteger(replayLanes, "replayConcurrency"),
+            idleDelayMs,
+            errorDelayMs,
+            this.#logger,
+            `${consumer.name} replays on ${consumer.queue}`,
+          )
+        : undefined;
+    const worker: VercelWorker & { done: Promise<void> } = {
+      get inFlight() {
+        return live.inFlight + (replays?.inFlight ?? 0);
+      },
+      done: Promise.all([live.done, replays?.done]).then(() => {}),
+      async stop() {
+        await Promise.all([live.stop(), replays?.stop()]);
+      },
+    };
     this.#workers.add(worker);
     void worker.done.finally(() => this.#workers.delete(worker));
     return worker;
@@ -501,12 +568,12 @@ class VercelQueueAdapter implements VercelQueue {
     const concurrency = positiveInteger(options.concurrency ?? 1, "concurrency");
     let delivered = 0;
     let failure: { error: unknown } | undefined;
-    const lane = async () => {
+    const lane = async (from: string) => {
       // Every lane stops at the first failure, so none keeps receiving after this call returned.
       while (!failure) {
         let outcome: "delivered" | "empty";
         try {
-          outcome = await this.#receiveOne(consumer, topic, group, 0);
+          outcome = await this.#receiveOne(consumer, from, group, 0);
         } catch (error) {
           // A delivery that is left unacknowledged still counts; the lease brings it back.
           if (!(error instanceof NotAcknowledged)) {
@@ -519,7 +586,9 @@ class VercelQueueAdapter implements VercelQueue {
         delivered += 1;
       }
     };
-    await Promise.allSettled(Array.from({ length: concurrency }, lane));
+    await Promise.allSettled(Array.from({ length: concurrency }, () => lane(topic)));
+    // Then the consumer's replays, one at a time: their own lane, after live traffic.
+    if (!failure) await lane(toVercelReplayTopic(consumer.queue, consumer.name));
     // A one-shot caller (a cron function) may end once this resolves.
     await this.#flushAlerts(consumer);
     if (failure) throw failure.error;
@@ -609,7 +678,10 @@ class VercelQueueAdapter implements VercelQueue {
     const deliveryCount = (deferral?.attemptsSpent ?? 0) + metadata.deliveryCount;
     const deferrals = deferral?.deferrals ?? 0;
     const dueAt = deferral?.dueAt ?? this.#dueAt(metadata);
-    const replay = deferral?.replay === true;
+    // The consumer's replay topic carries only replays for it (a deferral of
+    // one is republished there, keeping the lane).
+    const replayLane = topic === toVercelReplayTopic(consumer.queue, consumer.name);
+    const replay = deferral?.replay === true || replayLane;
     const event = { queue: consumer.queue, consumer: consumer.name, messageId: metadata.messageId, deliveryCount };
 
     let result: DeliveryResult;
@@ -619,7 +691,7 @@ class VercelQueueAdapter implements VercelQueue {
         deliveryCount,
         messageId: metadata.messageId,
         dueAt,
-        ...(deferral ? { targetConsumer: deferral.consumer } : {}),
+        ...(deferral || replayLane ? { targetConsumer: consumer.name } : {}),
         ...(deferrals > 0 ? { deferrals } : {}),
         ...(replay ? { replay: true } : {}),
       });
