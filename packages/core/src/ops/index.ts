@@ -38,10 +38,11 @@ export {
   noopOpsMetrics,
 } from "./operations.ts";
 
-export type { ReplayRoute, ReplayTransport, RouteCheck } from "./routes.ts";
+export type { InProcessConsumers, ReplayModule, ReplayRoute, ReplayTransport, RouteCheck } from "./routes.ts";
 export {
   firstRoutingReplay,
   inProcessReplay,
+  NOT_IN_PROCESS,
   registeredReplay,
   replayRouteOf,
   replayTransportFor,

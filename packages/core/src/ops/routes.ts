@@ -73,6 +73,10 @@ export function registeredReplay(
   }, lanes);
 }
 
+/** Why an in-process transport refuses a consumer that does not run in this process. */
+export const NOT_IN_PROCESS =
+  "the only transport here is in-process and that consumer does not run in this process, so nothing would ever read the replay (configure the platform transport, e.g. SOFTCRUM_QUEUE=vercel, or run the module's consumers here)";
+
 /**
  * An in-process transport (the memory adapter): only consumers subscribed in
  * this process read it, so a replay for any other consumer is refused.
@@ -82,16 +86,15 @@ export function inProcessReplay(
 ): ReplayTransport {
   return guarded((queue, consumer) => {
     if (lanes.hasConsumer(queue, consumer)) return { ok: true };
-    return {
-      ok: false,
-      reason:
-        "the only transport here is in-process and that consumer does not run in this process, so nothing would ever read the replay (configure the platform transport, e.g. SOFTCRUM_QUEUE=vercel, or run the module's consumers here)",
-    };
+    return { ok: false, reason: NOT_IN_PROCESS };
   }, lanes);
 }
 
 /** Several transports: a replay goes through the first that routes it. */
-export function firstRoutingReplay(transports: readonly ReplayTransport[]): ReplayTransport {
+export function firstRoutingReplay(
+  transports: readonly ReplayTransport[],
+  options: { readonly noneReason?: string } = {},
+): ReplayTransport {
   const route = (queue: string, consumer: string): RouteCheck => {
     const reasons: string[] = [];
     for (const t of transports) {
@@ -99,7 +102,10 @@ export function firstRoutingReplay(transports: readonly ReplayTransport[]): Repl
       if (check.ok) return check;
       reasons.push(check.reason);
     }
-    return { ok: false, reason: [...new Set(reasons)].join("; ") || "no transport is configured" };
+    return {
+      ok: false,
+      reason: [...new Set(reasons)].join("; ") || (options.noneReason ?? "no transport is configured"),
+    };
   };
   return {
     route,
@@ -130,4 +136,32 @@ export function replayTransportFor(
   if (routes) return registeredReplay(lanes, routes);
   if (typeof lanes.hasConsumer === "function") return inProcessReplay(lanes as Parameters<typeof inProcessReplay>[0]);
   return registeredReplay(lanes, []);
+}
+
+/**
+ * What a module contributes to the operator tooling so that its dead letters
+ * can be replayed (the registry is the list of these the tooling's
+ * composition root collects): the routes of its consumers, and optionally a
+ * way to run those consumers inside the tooling's process for local runs
+ * without a hosted queue.
+ */
+export interface ReplayModule {
+  /** For messages: "loyalty". */
+  readonly name: string;
+  /** Every consumer whose letters may be replayed: `consumers.map(replayRouteOf)`. */
+  readonly routes: readonly ReplayRoute[];
+  /**
+   * Local runs only (no hosted transport configured): starts the module's
+   * consumers in this process on an in-process queue and returns its replay
+   * lanes. Without it, the module's letters are refused when the only
+   * transport is in-process.
+   */
+  runInProcess?(options: { readonly databaseUrl: string }): Promise<InProcessConsumers>;
+}
+
+export interface InProcessConsumers {
+  /** The in-process queue its consumers are subscribed to. */
+  readonly lanes: ReplayLanePort & Required<Pick<ReplayLanePort, "hasConsumer">>;
+  /** Lets the replays published so far run to the end, then stops the consumers. */
+  close(): Promise<void>;
 }
