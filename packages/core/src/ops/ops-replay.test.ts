@@ -10,7 +10,9 @@ import { uuidv7 } from "uuidv7";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
 import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
+import { vercelHarness } from "../../test/vercel-transport.ts";
 import { createMemoryQueue, type DeliveryEvent, type MemoryQueue } from "../adapters/memory/index.ts";
+import { toVercelReplayTopic, toVercelTopic } from "../adapters/vercel/index.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { deadLetters, opsAudit, replayBatches, replayBatchItems } from "../db/schema.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
@@ -235,6 +237,35 @@ describe("replays have their own lane (#10 item 3)", () => {
       ]);
     } finally {
       await one.close();
+    }
+  });
+});
+
+describe.each(["push", "poll"] as const)("Vercel Queues (%s): the replay lane (#10 items 2, 3)", (mode) => {
+  test("a replay goes to the consumer's own replay topic with the letter's bytes unwrapped, and runs as a replay", async () => {
+    const h = await vercelHarness(mode);
+    try {
+      const bound = bindConsumer(consumer, { db: pg.db, logger: silentLogger });
+      h.subscribe(bound);
+      const envelope = award("vercel-1", 3);
+      const raw = `{"x_first":true, "job_id":"${envelope.job_id.toUpperCase()}","tenant_id":"acme","kind":"points.award.v1","correlation_id":"${envelope.correlation_id}","data":{"customerId":"vercel-1","points":3}}`;
+      const id = uuidv7();
+      await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+        values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${raw}, 5, 'e', 'exhausted')`;
+      const viaVercel = createOps({ db: pg.db, queue: h.queue, routes: [{ queue: QUEUE, consumer: CONSUMER }] });
+      expect((await viaVercel.deadLetters.replay([id], { operator: "ana", reason: "x" })).counts).toEqual({
+        replayed: 1,
+      });
+      const [sent] = h.fake.sends;
+      expect(sent?.topic).toBe(toVercelReplayTopic(QUEUE, CONSUMER));
+      expect(sent?.topic).not.toBe(toVercelTopic(QUEUE));
+      expect(sent?.body.toString("utf8")).toBe(raw);
+      expect(sent?.idempotencyKey).toBeUndefined();
+      await h.settle();
+      expect(await effectsOf(envelope.job_id)).toBe(1);
+      expect(await statusOf(id)).toBe("replayed");
+    } finally {
+      await h.close();
     }
   });
 });
