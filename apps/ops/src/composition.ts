@@ -54,7 +54,7 @@ export async function openOps(
   }
   const { default: postgres } = await import("postgres");
   const { drizzle } = await import("drizzle-orm/postgres-js");
-  const client = postgres(databaseUrl, { max: 4, onnotice: () => {} });
+  const client = postgres(databaseUrl, { max: 10, onnotice: () => {} });
   try {
     await assertMigrated(postgresJsSession(client), [coreMigrations]);
   } catch (error) {

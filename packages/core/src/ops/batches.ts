@@ -25,7 +25,7 @@ import {
   replayBatches,
   replayBatchItems,
 } from "../db/schema.ts";
-import { OpsError } from "../errors.ts";
+import { describeError, OpsError } from "../errors.ts";
 import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import { type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
 
@@ -41,6 +41,12 @@ export interface BatchPolicy {
   /** Jobs that must have resolved before the failure rate can pause the batch. @default 5 */
   readonly minResolvedForRate: number;
   /**
+   * Replays of one runner in flight at once: replays start at the batch's
+   * rate, and this many may still be publishing, so the rate is kept however
+   * long one publish takes. @default 32
+   */
+  readonly maxInFlight: number;
+  /**
    * The rolling window over which `approvalThreshold` counts what one
    * requester replays: unapproved batches and direct replays together.
    * @default 86_400_000 (24 h)
@@ -55,8 +61,12 @@ export const DEFAULT_BATCH_POLICY: BatchPolicy = {
   // Longer than the default retry window (7.5 min): a sample job may retry before it resolves.
   sampleTimeoutMs: 600_000,
   minResolvedForRate: 5,
+  maxInFlight: 32,
   approvalWindowMs: 86_400_000,
 };
+
+/** How far behind its schedule a runner may catch up (its own bookkeeping), at most. */
+const CATCH_UP_MS = 250;
 
 /** Replayed items a runner step resolves at most (and `get` looks at live). */
 export const RESOLVE_PAGE = 1000;
@@ -429,8 +439,10 @@ export class ReplayBatches {
     };
 
     const intervalMs = 1000 / first.ratePerSecond;
-    // The next replay's earliest time; waiting (for a sample) earns no credit,
-    // so the batch never bursts above its rate.
+    // The next replay's earliest time, on a fixed schedule: a runner that fell
+    // behind by its own bookkeeping (a chunk's queries, at most CATCH_UP_MS)
+    // catches up, so the batch keeps its rate on average; waiting (for a
+    // sample) earns no credit, so the batch never bursts after it.
     let nextDue = startedAt + intervalMs;
     const progress = async () => {
       if (!options.onProgress) return;
@@ -439,32 +451,114 @@ export class ReplayBatches {
       options.onProgress({ batch, rate: published / elapsed, etaSeconds: batch.pending / first.ratePerSecond });
     };
 
+    /** What the latest check of the lease said (the lease was just taken: this runner's). */
+    let lastMine = true;
+    /** Why the runner must pause (a failed or unroutable replay, the failure rate), once something said so. */
+    let stopped: { reason: string; cause: string } | undefined;
+    /**
+     * The stop conditions and the progress report run beside the replays, one
+     * at a time, not between them: their cost (bounded, RESOLVE_PAGE jobs)
+     * never stretches the interval between two replays. What they find takes
+     * effect at the next letter.
+     */
+    let checking: Promise<void> | undefined;
+    const check = async (maxFailureRate: number, inSample: boolean) => {
+      // Bounded: at most RESOLVE_PAGE replayed jobs are looked at, each once
+      // resolved; the counts on the row grow with what this step found.
+      const resolved = await this.#resolve(id);
+      if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
+      const window = await this.#load(id);
+      const windowResolved = window.windowSucceeded + window.windowFailedAgain;
+      if (
+        !inSample &&
+        windowResolved >= this.#policy.minResolvedForRate &&
+        window.windowFailedAgain / windowResolved > maxFailureRate
+      ) {
+        const rate = Math.round((window.windowFailedAgain / windowResolved) * 100);
+        stopped ??= {
+          reason: `failure rate ${rate}% (${window.windowFailedAgain} of ${windowResolved} resolved replays failed again) is over ${Math.round(maxFailureRate * 100)}%`,
+          cause: "failure_rate",
+        };
+      }
+    };
+    const settleCheck = async () => {
+      await checking?.catch(() => {}); // a failed check is retried after the next chunk
+    };
+
+    // Replays START at the batch's rate; each runs on its own (at most
+    // `maxInFlight` at once, across chunks), so a slow publish or database
+    // round trip does not slow the rate down: it is limited by the pacing.
+    const inFlight = new Map<string, Promise<void>>();
+    const drain = () => Promise.all(inFlight.values());
+    const replay = async (deadLetterId: string) => {
+      const result = await this.#ops.replayOne(deadLetterId, {
+        operator,
+        reason: `batch ${id}: ${first.reason}`,
+        batchId: id,
+      });
+      if (result.outcome === "failed" || result.outcome === "not_routable") {
+        // The letter stays pending; the operator decides (fix the route or the transport, then resume).
+        stopped ??= {
+          reason: `${result.outcome === "failed" ? "replay failed" : "replay not routable"}: ${result.detail}`,
+          cause: result.outcome === "failed" ? "replay_failed" : "not_routable",
+        };
+        return;
+      }
+      published += 1;
+      // A letter this batch already replayed (an earlier runner of it) counts as replayed.
+      const replayed =
+        result.outcome === "replayed" || (result.outcome === "not_pending" && result.replayBatchId === id);
+      await this.#record(id, deadLetterId, replayed ? "replayed" : "skipped");
+    };
+
     try {
       for (;;) {
+        if (stopped) {
+          await drain();
+          await settleCheck();
+          await pauseIfRunning(stopped.reason, stopped.cause);
+          return this.get(id);
+        }
         const batch = await this.#load(id);
-        if (batch.status !== "running" || batch.leaseOwner !== runner) return this.get(id);
-        if (batch.expiresAt.getTime() <= clock.now()) return this.#finish(id, "expired", "expired before it finished");
+        if (batch.status !== "running" || batch.leaseOwner !== runner) {
+          await drain();
+          return this.get(id);
+        }
+        if (batch.expiresAt.getTime() <= clock.now()) {
+          await drain();
+          return this.#finish(id, "expired", "expired before it finished");
+        }
         if (options.signal?.aborted) {
+          await drain();
           await pauseIfRunning(`interrupted: runner of ${operator} was stopped`, "interrupted");
           return this.get(id);
         }
-        if (options.maxDurationMs !== undefined && clock.now() - startedAt >= options.maxDurationMs)
+        if (options.maxDurationMs !== undefined && clock.now() - startedAt >= options.maxDurationMs) {
+          await drain();
           return this.get(id);
+        }
 
         const inSample = Boolean(batch.sampleSize) && !batch.samplePassedAt;
-        const items = await this.#db
-          .select({ deadLetterId: replayBatchItems.deadLetterId })
-          .from(replayBatchItems)
-          .where(
-            and(
-              eq(replayBatchItems.batchId, id),
-              eq(replayBatchItems.state, "pending"),
-              inSample ? eq(replayBatchItems.inSample, true) : undefined,
-            ),
-          )
-          .orderBy(asc(replayBatchItems.position))
-          .limit(batch.batchSize);
+        // Letters in flight are still pending until recorded: asked for and left out.
+        const items = (
+          await this.#db
+            .select({ deadLetterId: replayBatchItems.deadLetterId })
+            .from(replayBatchItems)
+            .where(
+              and(
+                eq(replayBatchItems.batchId, id),
+                eq(replayBatchItems.state, "pending"),
+                inSample ? eq(replayBatchItems.inSample, true) : undefined,
+              ),
+            )
+            .orderBy(asc(replayBatchItems.position))
+            .limit(batch.batchSize + inFlight.size)
+        ).filter((item) => !inFlight.has(item.deadLetterId));
 
+        if (items.length === 0 && inFlight.size > 0) {
+          await drain(); // then look again: the sample gate and completion need every replay recorded
+          continue;
+        }
         if (inSample && items.length === 0) {
           const verdict = await this.#awaitSample(id, stillMine, options.signal);
           if (verdict === "lost") continue; // paused, stopped, expired or taken over: the top of the loop says which
@@ -473,76 +567,49 @@ export class ReplayBatches {
             return this.get(id);
           }
           await this.#db.update(replayBatches).set({ samplePassedAt: this.#now() }).where(eq(replayBatches.id, id));
+          nextDue = clock.now() + intervalMs; // the wait earned nothing
           continue;
         }
-        if (items.length === 0) return this.#finish(id, "completed", null);
+        if (items.length === 0) {
+          // The last check decides first: a failure rate it found still pauses the batch.
+          await settleCheck();
+          if (stopped) continue;
+          return this.#finish(id, "completed", null);
+        }
 
-        for (const item of items) {
+        for (const item of items.slice(0, batch.batchSize)) {
+          // The check that the batch is still this runner's, running and
+          // unexpired goes out while the runner waits for the letter's turn
+          // (its round trip overlaps the interval), and the letter starts
+          // only once it said yes: a pause, stop or expiry takes effect at
+          // the next letter.
+          const mine = stillMine().catch(() => false);
           const wait = nextDue - clock.now();
           if (wait > 0) await sleep(wait, options.signal);
-          if (options.signal?.aborted || !(await stillMine())) break;
-          nextDue = Math.max(nextDue, clock.now()) + intervalMs;
-          const result = await this.#ops.replayOne(item.deadLetterId, {
-            operator,
-            reason: `batch ${id}: ${batch.reason}`,
-            batchId: id,
-          });
-          if (result.outcome === "failed" || result.outcome === "not_routable") {
-            // The letter stays pending; the operator decides (fix the route or the transport, then resume).
-            await pauseIfRunning(
-              `${result.outcome === "failed" ? "replay failed" : "replay not routable"}: ${result.detail}`,
-              result.outcome === "failed" ? "replay_failed" : "not_routable",
-            );
-            return this.get(id);
-          }
-          published += 1;
-          // A letter this batch already replayed (an earlier runner of it) counts as replayed.
-          const replayed =
-            result.outcome === "replayed" || (result.outcome === "not_pending" && result.replayBatchId === id);
-          const changed = await this.#db
-            .update(replayBatchItems)
-            .set({ state: replayed ? "replayed" : "skipped", replayedAt: this.#now() })
-            .where(
-              and(
-                eq(replayBatchItems.batchId, id),
-                eq(replayBatchItems.deadLetterId, item.deadLetterId),
-                eq(replayBatchItems.state, "pending"),
-              ),
-            )
-            .returning({ id: replayBatchItems.deadLetterId });
-          if (changed.length > 0) {
-            await this.#db
-              .update(replayBatches)
-              .set(
-                replayed
-                  ? { replayed: sql`${replayBatches.replayed} + 1` }
-                  : { skipped: sql`${replayBatches.skipped} + 1` },
-              )
-              .where(eq(replayBatches.id, id));
-          }
+          lastMine = await mine;
+          if (!lastMine || stopped || options.signal?.aborted) break;
+          nextDue = Math.max(nextDue, clock.now() - CATCH_UP_MS) + intervalMs;
+          const running = replay(item.deadLetterId)
+            .catch((error: unknown) => {
+              // Recording the replay failed (the database): stop here, the operator resumes.
+              stopped ??= { reason: `replay failed: ${describeError(error)}`, cause: "replay_failed" };
+            })
+            .finally(() => inFlight.delete(item.deadLetterId));
+          inFlight.set(item.deadLetterId, running);
+          if (inFlight.size >= this.#policy.maxInFlight) await Promise.race(inFlight.values());
         }
-
-        // Bounded: at most RESOLVE_PAGE replayed jobs are looked at, each once
-        // resolved; the counts on the row grow with what this step found.
-        const resolved = await this.#resolve(id);
-        if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
-        const window = await this.#load(id);
-        const windowResolved = window.windowSucceeded + window.windowFailedAgain;
-        if (
-          !inSample &&
-          windowResolved >= this.#policy.minResolvedForRate &&
-          window.windowFailedAgain / windowResolved > batch.maxFailureRate
-        ) {
-          const rate = Math.round((window.windowFailedAgain / windowResolved) * 100);
-          await pauseIfRunning(
-            `failure rate ${rate}% (${window.windowFailedAgain} of ${windowResolved} resolved replays failed again) is over ${Math.round(batch.maxFailureRate * 100)}%`,
-            "failure_rate",
-          );
-          return this.get(id);
-        }
+        // The chunk's replays are recorded before it reports progress (a late
+        // one's wait is caught up afterwards: CATCH_UP_MS).
+        await drain();
+        if (stopped || !lastMine) continue; // the top of the loop pauses, or sees the batch is no longer ours
         await progress();
+        checking ??= check(batch.maxFailureRate, inSample).finally(() => {
+          checking = undefined;
+        });
       }
     } finally {
+      await drain();
+      await settleCheck();
       clearInterval(heartbeat);
       await beat;
       await this.#db
@@ -574,6 +641,18 @@ export class ReplayBatches {
       }
       await sleep(this.#policy.pollIntervalMs, signal);
     }
+  }
+
+  /** Marks a pending item replayed or skipped and counts it on the row, in one statement (once: a second mark finds it no longer pending). */
+  async #record(id: string, deadLetterId: string, state: "replayed" | "skipped"): Promise<void> {
+    await this.#db.execute(sql`
+      with marked as (
+        update core.replay_batch_items set state = ${state}, replayed_at = ${this.#now().toISOString()}::timestamptz
+        where batch_id = ${id} and dead_letter_id = ${deadLetterId} and state = 'pending'
+        returning 1)
+      update core.replay_batches
+      set ${state === "replayed" ? sql`replayed = replayed + 1` : sql`skipped = skipped + 1`}
+      where id = ${id} and exists (select 1 from marked)`);
   }
 
   /**

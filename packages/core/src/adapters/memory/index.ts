@@ -147,6 +147,10 @@ interface Lease {
 class Subscription {
   readonly messages: Message[] = [];
   readonly leases = new Set<Lease>();
+  /** A replay lane's live lane (same consumer): replays wait while live messages wait for a slot. */
+  live?: Subscription;
+  /** A live lane's replay lane, pumped when a live slot frees. */
+  replays?: Subscription;
   constructor(
     readonly consumer: BoundConsumer,
     readonly concurrency: number,
@@ -292,6 +296,8 @@ class InMemoryQueue implements MemoryQueue {
     }
     const subscription = new Subscription(consumer, this.#concurrency, "live");
     const replayLane = new Subscription(consumer, this.#replayConcurrency, "replay");
+    subscription.replays = replayLane;
+    replayLane.live = subscription;
     const held = this.#unrouted.get(consumer.queue);
     if (held) {
       const mine = held.filter((m) => m.target === undefined || m.target === consumer.name);
@@ -374,6 +380,12 @@ class InMemoryQueue implements MemoryQueue {
     if (this.#closed) return;
     const now = this.#clock.now();
     this.#expireLeases(subscription, now);
+    // Replays yield to live traffic: none starts while a live message of the
+    // same consumer is waiting for a slot (SPEC §5: replays never starve live consumers).
+    if (subscription.live && this.#waiting(subscription.live, now)) {
+      this.#afterChange();
+      return;
+    }
     for (const message of subscription.messages) {
       if (subscription.leases.size >= subscription.concurrency) break;
       if (message.inFlight || message.visibleAt > now) continue;
@@ -428,7 +440,15 @@ class InMemoryQueue implements MemoryQueue {
       }, this.#stuckAfterMs);
       lease.stuckTimer.unref();
     }
-    void run.finally(() => this.#pump(subscription));
+    void run.finally(() => {
+      this.#pump(subscription);
+      if (subscription.replays) this.#pump(subscription.replays);
+    });
+  }
+
+  /** A visible message of this lane that no slot has taken yet. */
+  #waiting(subscription: Subscription, now: number): boolean {
+    return subscription.messages.some((m) => !m.inFlight && m.visibleAt <= now);
   }
 
   /** The delivery no longer holds its message or a concurrency slot. */
