@@ -121,6 +121,7 @@ export type ActionOutcome =
   | "not_pending"
   | "not_replayable"
   | "not_routable"
+  | "needs_approval"
   | "failed";
 export interface ActionReport {
   readonly results: { readonly id: string; readonly outcome: ActionOutcome; readonly detail?: string }[];
@@ -431,8 +432,20 @@ export class DeadLetterOperations {
         );
       }
       const results: ActionReport["results"][number][] = [];
+      let replayed = 0;
       for (const id of idList) {
+        // Counted again as it goes: two direct replays of one operator at the
+        // same time cannot both pass the threshold by the same margin.
+        if (replayed > 0 && (await this.replayedWithoutApproval(operator)) >= this.approvalThreshold) {
+          results.push({
+            id,
+            outcome: "needs_approval",
+            detail: `${operator} reached the approval threshold of ${this.approvalThreshold} meanwhile: replay it in an approved batch`,
+          });
+          continue;
+        }
         const { outcome, detail } = await this.replayOne(id, { operator, reason, batchId: null });
+        if (outcome === "replayed") replayed += 1;
         results.push({ id, outcome, ...(detail ? { detail } : {}) });
       }
       return summarize(results);

@@ -301,6 +301,24 @@ describe("the two-person rule counts what one requester replays (#10 item 4)", (
   });
 });
 
+describe("the two-person rule under concurrent direct replays (#10 item 4)", () => {
+  test("two direct replays of one operator at once cannot both pass the threshold by their whole size", async () => {
+    const ids = await makeDeadLetters(Array.from({ length: 8 }, (_, i) => award(`conc-${i}`)));
+    broken.clear();
+    const other = createOps({ db: pg.connect({ max: 2 }).db, queue, approvalThreshold: 5 });
+    const [a, b] = await Promise.all([
+      ops.deadLetters.replay(ids.slice(0, 4), { operator: "ana", reason: "x" }),
+      other.deadLetters.replay(ids.slice(4, 8), { operator: "ana", reason: "y" }),
+    ]);
+    const replayed = (a.counts.replayed ?? 0) + (b.counts.replayed ?? 0);
+    // Each call counts again before each letter: at most one letter slips past
+    // the threshold while the other call's letter is being replayed.
+    expect(replayed).toBeGreaterThanOrEqual(5);
+    expect(replayed).toBeLessThanOrEqual(6);
+    expect((a.counts.needs_approval ?? 0) + (b.counts.needs_approval ?? 0)).toBe(8 - replayed);
+  });
+});
+
 describe("refusals and pauses are audited (#10 item 5)", () => {
   test("batch run refused while awaiting approval is audited as refused", async () => {
     await makeDeadLetters(Array.from({ length: 6 }, (_, i) => award(`aw-${i}`)));
