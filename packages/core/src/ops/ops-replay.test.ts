@@ -270,6 +270,29 @@ describe.each(["push", "poll"] as const)("Vercel Queues (%s): the replay lane (#
   });
 });
 
+describe("Vercel Queues: a poll worker's replay lanes (#10 item 3)", () => {
+  test("startWorker reads the consumer's replay topic on lanes of its own (replayConcurrency)", async () => {
+    const h = await vercelHarness("poll");
+    const worker = h.queue.startWorker(bindConsumer(consumer, { db: pg.db, logger: silentLogger }), {
+      concurrency: 1,
+      replayConcurrency: 1,
+      idleDelayMs: 5,
+    });
+    try {
+      const envelope = award("worker-lane", 2);
+      await h.queue.publishReplay(QUEUE, JSON.stringify(envelope), { targetConsumer: CONSUMER });
+      for (let i = 0; i < 400 && (await effectsOf(envelope.job_id)) === 0; i++) {
+        await new Promise((r) => setTimeout(r, 25));
+      }
+      expect(await effectsOf(envelope.job_id)).toBe(1);
+      expect(h.fake.sends.map((s) => s.topic)).toEqual([toVercelReplayTopic(QUEUE, CONSUMER)]);
+    } finally {
+      await worker.stop();
+      await h.close();
+    }
+  });
+});
+
 describe("the two-person rule counts what one requester replays (#10 item 4)", () => {
   test("splitting a selection into batches under the threshold (limit) needs approval once the total passes it", async () => {
     await makeDeadLetters(Array.from({ length: 8 }, (_, i) => award(`split-${i}`)));
