@@ -524,6 +524,8 @@ export class ReplayBatches {
     to: ReplayBatchStatus,
     set: Partial<typeof replayBatches.$inferInsert>,
   ) {
+    // Validated before the query: a malformed id is bad input (400, exit 2), never a database error.
+    parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
     const changed = await this.#db
       .update(replayBatches)
       .set({ ...set, status: to })

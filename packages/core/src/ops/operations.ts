@@ -23,6 +23,7 @@ import {
   parseInput,
   reasonSchema,
 } from "./filters.ts";
+import { markAudited } from "./refusals.ts";
 
 /** Where replay and failed-again counts go (OpenTelemetry in production). */
 export interface OpsMetricsPort {
@@ -595,7 +596,7 @@ export class DeadLetterOperations {
         result: rejected ? "rejected" : "error",
         detail: describeError(error),
       }).catch(() => {});
-      throw error;
+      throw markAudited(error);
     }
   }
 
