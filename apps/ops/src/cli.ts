@@ -37,7 +37,18 @@ import {
 import { SingleBar } from "cli-progress";
 import { Command, CommanderError, Option } from "commander";
 import { DatabaseProblem, describeTarget, explainDatabaseError, isDatabaseError, openOpsDatabase } from "./database.ts";
-import { age, duration, fields, json, nameFlags, ndjson, prettyPayload, type TableOptions, table } from "./format.ts";
+import {
+  age,
+  duration,
+  fields,
+  json,
+  nameFlags,
+  ndjson,
+  phaseOf,
+  prettyPayload,
+  type TableOptions,
+  table,
+} from "./format.ts";
 
 export const EXIT = { ok: 0, failure: 1, usage: 2, notFound: 3, conflict: 4, partial: 5 } as const;
 
@@ -269,16 +280,6 @@ function printBatch(batch: BatchView, o: { json?: boolean; wide?: boolean }) {
   else out(fields(humanBatch(batch), BATCH_FIELDS, view(o)));
 }
 
-/** What a running batch is doing, for the progress bar and the NDJSON events. */
-function phaseOf(b: BatchView): string {
-  if (b.status !== "running") return b.status;
-  const sample = b.sampleSize ? Math.min(b.sampleSize, b.selected) : 0;
-  if (sample > 0 && !b.samplePassedAt && b.replayed + b.skipped >= sample) {
-    return `waiting for the sample check (${b.succeeded + b.failedAgain} of ${b.replayed} resolved)`;
-  }
-  return `paced at ${b.ratePerSecond}/s`;
-}
-
 const COMMON = (command: Command) =>
   command.option("--json", "JSON output").option("--wide", "print every cell whole (tables are cut to the terminal)");
 
@@ -316,10 +317,26 @@ export function buildProgram(): Command {
           return;
         }
         const now = Date.now();
+        // The columns that tell letters apart; --wide adds the rest, whole.
+        const columns = o.wide
+          ? [
+              "id",
+              "createdAt",
+              "age",
+              "queue",
+              "consumer",
+              "tenantId",
+              "kind",
+              "errorClass",
+              "attempts",
+              "status",
+              "lastError",
+            ]
+          : ["id", "age", "consumer", "tenantId", "errorClass", "attempts", "status", "lastError"];
         out(
           table(
             page.items.map((i) => ({ ...i, age: age(i.createdAt, now) })),
-            ["id", "age", "queue", "consumer", "tenantId", "kind", "errorClass", "attempts", "status", "lastError"],
+            columns,
             view(o),
           ),
         );

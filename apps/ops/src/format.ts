@@ -10,7 +10,12 @@ export interface TableOptions {
   readonly width?: number;
   /** Print every cell whole, whatever the width. */
   readonly wide?: boolean;
+  /** Columns never cut (what an operator copies into the next command). @default KEEP_WHOLE */
+  readonly keep?: readonly string[];
 }
+
+/** Ids are what an operator copies into the next command: never cut. */
+export const KEEP_WHOLE = ["id", "batchId", "replayedFrom"];
 
 /** The terminal's width: COLUMNS, else the TTY's, else 120 (a pipe or a file). */
 export function terminalWidth(): number {
@@ -27,7 +32,14 @@ export function table(rows: Record<string, unknown>[], columns: string[], option
   if (rows.length === 0) return "(none)";
   const cells = rows.map((row) => columns.map((c) => text(row[c])));
   const widths = columns.map((c, i) => Math.max(c.length, ...cells.map((r) => (r[i] as string).length)));
-  if (!options.wide) fitColumns(widths, options.width ?? terminalWidth());
+  if (!options.wide) {
+    const keep = options.keep ?? KEEP_WHOLE;
+    fitColumns(
+      widths,
+      options.width ?? terminalWidth(),
+      columns.map((c) => !keep.includes(c)),
+    );
+  }
   const line = (values: string[]) =>
     values
       .map((v, i) => cut(v, widths[i] as number).padEnd(widths[i] as number))
@@ -36,13 +48,15 @@ export function table(rows: Record<string, unknown>[], columns: string[], option
   return [line(columns), line(widths.map((w) => "-".repeat(w))), ...cells.map(line)].join("\n");
 }
 
-/** Narrows the widest columns, one character at a time, until the row fits `width`. */
-function fitColumns(widths: number[], width: number) {
+/** Narrows the widest of the columns that may be cut, one character at a time, until the row fits `width`. */
+function fitColumns(widths: number[], width: number, cuttable: boolean[]) {
   const total = () => widths.reduce((a, b) => a + b, 0) + GAP * (widths.length - 1);
   while (total() > width) {
-    let widest = 0;
-    for (let i = 1; i < widths.length; i++) if ((widths[i] as number) > (widths[widest] as number)) widest = i;
-    if ((widths[widest] as number) <= MIN_COLUMN) return; // as narrow as it gets: the terminal is too small
+    let widest = -1;
+    for (let i = 0; i < widths.length; i++) {
+      if (cuttable[i] && (widest < 0 || (widths[i] as number) > (widths[widest] as number))) widest = i;
+    }
+    if (widest < 0 || (widths[widest] as number) <= MIN_COLUMN) return; // as narrow as it gets: the terminal is too small
     widths[widest] = (widths[widest] as number) - 1;
   }
 }
@@ -120,4 +134,24 @@ export function nameFlags(message: string, flags: Readonly<Record<string, string
     out = out.replace(new RegExp(`(^|[\\s:;(])(?:filter\\.|batch\\.)?${field}(?=[:\\s]|$)`, "g"), `$1${flag}`);
   }
   return out.replace(/\binvalid (filter|batch|page|prune): /, "invalid input: ");
+}
+
+/** What a running batch is doing, for the progress bar and the NDJSON events. */
+export function phaseOf(b: {
+  status: string;
+  sampleSize: number | null;
+  samplePassedAt: Date | null;
+  selected: number;
+  replayed: number;
+  skipped: number;
+  succeeded: number;
+  failedAgain: number;
+  ratePerSecond: number;
+}): string {
+  if (b.status !== "running") return b.status;
+  const sample = b.sampleSize ? Math.min(b.sampleSize, b.selected) : 0;
+  if (sample > 0 && !b.samplePassedAt && b.replayed + b.skipped >= sample) {
+    return `waiting for the sample check (${b.succeeded + b.failedAgain} of ${b.replayed} resolved)`;
+  }
+  return `paced at ${b.ratePerSecond}/s`;
 }
