@@ -30,35 +30,60 @@ const MIN_COLUMN = 6;
 
 export function table(rows: Record<string, unknown>[], columns: string[], options: TableOptions = {}): string {
   if (rows.length === 0) return "(none)";
-  const cells = rows.map((row) => columns.map((c) => text(row[c])));
-  const widths = columns.map((c, i) => Math.max(c.length, ...cells.map((r) => (r[i] as string).length)));
+  const keep = options.keep ?? KEEP_WHOLE;
+  const width = options.width ?? terminalWidth();
+  let shown = [...columns];
+  let widths = naturalWidths(rows, shown);
+  const hidden: string[] = [];
   if (!options.wide) {
-    const keep = options.keep ?? KEEP_WHOLE;
-    fitColumns(
-      widths,
-      options.width ?? terminalWidth(),
-      columns.map((c) => !keep.includes(c)),
-    );
+    // Cut the widest cells first; when even the narrowest cells do not fit, leave out the last columns.
+    for (;;) {
+      widths = naturalWidths(rows, shown);
+      if (
+        fitColumns(
+          widths,
+          width,
+          shown.map((c) => !keep.includes(c)),
+        )
+      )
+        break;
+      const last = shown.findLastIndex((c, i) => i > 0 && !keep.includes(c));
+      if (last < 0) break;
+      hidden.unshift(shown[last] as string);
+      shown = shown.filter((_, i) => i !== last);
+    }
   }
   const line = (values: string[]) =>
     values
       .map((v, i) => cut(v, widths[i] as number).padEnd(widths[i] as number))
       .join(" ".repeat(GAP))
       .trimEnd();
-  return [line(columns), line(widths.map((w) => "-".repeat(w))), ...cells.map(line)].join("\n");
+  const cells = rows.map((row) => shown.map((c) => text(row[c])));
+  const lines = [line(shown), line(widths.map((w) => "-".repeat(w))), ...cells.map(line)];
+  if (hidden.length)
+    lines.push(cut(`(${hidden.join(", ")} left out to fit ${width} columns: --wide shows all)`, width));
+  return lines.join("\n");
 }
 
-/** Narrows the widest of the columns that may be cut, one character at a time, until the row fits `width`. */
-function fitColumns(widths: number[], width: number, cuttable: boolean[]) {
+function naturalWidths(rows: Record<string, unknown>[], columns: string[]): number[] {
+  return columns.map((c) => Math.max(c.length, ...rows.map((row) => text(row[c]).length)));
+}
+
+/**
+ * Narrows the widest of the columns that may be cut, one character at a time,
+ * until the row fits `width`; false when it cannot (every cuttable column is at its narrowest).
+ */
+function fitColumns(widths: number[], width: number, cuttable: boolean[]): boolean {
   const total = () => widths.reduce((a, b) => a + b, 0) + GAP * (widths.length - 1);
   while (total() > width) {
     let widest = -1;
     for (let i = 0; i < widths.length; i++) {
       if (cuttable[i] && (widest < 0 || (widths[i] as number) > (widths[widest] as number))) widest = i;
     }
-    if (widest < 0 || (widths[widest] as number) <= MIN_COLUMN) return; // as narrow as it gets: the terminal is too small
+    if (widest < 0 || (widths[widest] as number) <= MIN_COLUMN) return false;
     widths[widest] = (widths[widest] as number) - 1;
   }
+  return true;
 }
 
 function cut(value: string, width: number): string {

@@ -114,7 +114,7 @@ describe("pnpm ops, end to end on a real database", () => {
     expect(listed.items).toHaveLength(6);
     const table = await ops(["dlq", "list", "--class", "exhausted"], as(ANA));
     expect(table.code).toBe(0);
-    expect(table.stdout).toMatch(/^id\s+age\s+queue/);
+    expect(table.stdout).toMatch(/^id\s+age\s+consumer/);
     expect(table.stdout).toMatch(/\d+(ms|s) ago/); // ages for people (#10 item 13)
     expect(table.stdout.match(/exhausted/g)).toHaveLength(2);
     expect((await opsJson(["dlq", "depth"])).items).toEqual(

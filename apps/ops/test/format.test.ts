@@ -33,6 +33,15 @@ describe("readable output (#10 item 13)", () => {
     expect(fields({ reason: "y".repeat(300) }, ["reason"], { width: 60 }).length).toBeLessThanOrEqual(60);
   });
 
+  test("when even cut cells do not fit, the last columns are left out and the table says so", () => {
+    const row = Object.fromEntries(["id", "a", "b", "c", "d", "e", "f"].map((c) => [c, `${c}-${"v".repeat(30)}`]));
+    row["id"] = "01a22bed-d570-71be-8a14-720f35278901";
+    const fitted = table([row], ["id", "a", "b", "c", "d", "e", "f"], { width: 70 });
+    for (const line of fitted.split("\n")) expect(line.length, line).toBeLessThanOrEqual(70);
+    expect(fitted).toContain("01a22bed-d570-71be-8a14-720f35278901");
+    expect(fitted).toMatch(/\(.*f left out to fit 70 columns: --wide shows all\)/);
+  });
+
   test("errors name the flags typed, not the library's fields", () => {
     expect(nameFlags("invalid filter: createdAfter: must be a date/time", { createdAfter: "--created-after" })).toBe(
       "invalid input: --created-after: must be a date/time",
