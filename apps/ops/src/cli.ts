@@ -36,7 +36,14 @@ import {
 } from "@softcrum/core/ops";
 import { SingleBar } from "cli-progress";
 import { Command, CommanderError, Option } from "commander";
-import { DatabaseProblem, describeTarget, explainDatabaseError, isDatabaseError, openOpsDatabase } from "./database.ts";
+import {
+  DatabaseProblem,
+  describeTarget,
+  explainDatabaseError,
+  isDatabaseError,
+  type OpsDatabase,
+  openOpsDatabase,
+} from "./database.ts";
 import {
   age,
   duration,
@@ -90,6 +97,59 @@ let typedOperator: string | undefined;
 /** The command running, e.g. "batch approve", for the audit of a refused identity. */
 let commandPath = "";
 
+/** Commands that change something: a refusal of one is audited, whichever layer refused it (#10 item 5). */
+const MUTATING = new Set([
+  "dlq replay",
+  "dlq discard",
+  "batch create",
+  "batch approve",
+  "batch pause",
+  "batch resume",
+  "batch stop",
+  "batch run",
+  "audit prune",
+]);
+
+/** Records a refusal the CLI itself made (the library audits its own), under the role logged in. */
+async function auditCliRefusal(
+  database: OpsDatabase,
+  path: string,
+  result: "refused" | "rejected",
+  detail: string,
+  scope: Record<string, unknown> = {},
+) {
+  await createOps({ db: database.db, queue: noPublishing })
+    .deadLetters.audit({
+      operator: database.operator,
+      action: `cli.${path.replaceAll(" ", ".")}`,
+      scope,
+      result,
+      detail,
+    })
+    .catch(() => {});
+}
+
+/**
+ * A mutating command refused before it reached the database (a missing
+ * --reason, an unknown flag): audited when the database can be reached, else
+ * only reported (the usage error is what the operator needs to see).
+ */
+async function auditUsageRefusal(args: string[], detail: string) {
+  const path = args
+    .filter((a) => !a.startsWith("-"))
+    .slice(0, 2)
+    .join(" ");
+  const url = process.env["DATABASE_URL"];
+  if (!MUTATING.has(path) || !url) return;
+  const database = await openOpsDatabase(url).catch(() => undefined);
+  if (!database) return;
+  try {
+    await auditCliRefusal(database, path, "rejected", detail);
+  } finally {
+    await database.close();
+  }
+}
+
 /** Opens the database (checked, never migrated) and, to publish, the transport; closes both. */
 async function withOps(needs: Needs, run: (ctx: Context) => Promise<void>): Promise<void> {
   const databaseUrl = process.env["DATABASE_URL"];
@@ -100,32 +160,45 @@ async function withOps(needs: Needs, run: (ctx: Context) => Promise<void>): Prom
     const problem = identityProblem(database.operator);
     if (problem) {
       // An attempt to act under another name is evidence: audited under the role that made it.
-      await createOps({ db: database.db, queue: noPublishing })
-        .deadLetters.audit({
-          operator: database.operator,
-          action: `cli.${commandPath.replaceAll(" ", ".")}`,
-          scope: { declaredOperator: typedOperator ?? process.env["SOFTCRUM_OPERATOR"] },
-          result: "refused",
-          detail: problem,
-        })
-        .catch(() => {});
+      await auditCliRefusal(database, commandPath, "refused", problem, {
+        declaredOperator: typedOperator ?? process.env["SOFTCRUM_OPERATOR"],
+      });
       throw new ExitError(EXIT.usage, problem);
     }
-    if (needs !== "publish") {
-      await run({ ops: createOps({ db: database.db, queue: noPublishing, batchPolicy }), operator: database.operator });
-      return;
-    }
-    const publisher = await openPublisher(databaseUrl);
     try {
-      await run({
-        ops: createOps({ db: publisher.db, queue: publisher.queue, batchPolicy }),
-        operator: database.operator,
-      });
-    } finally {
-      await publisher.close();
+      await runWith(needs, database, databaseUrl, batchPolicy, run);
+    } catch (error) {
+      // The CLI's own refusals of a mutating command (the library audits those it makes).
+      if (error instanceof ExitError && MUTATING.has(commandPath)) {
+        await auditCliRefusal(database, commandPath, "rejected", error.message);
+      }
+      throw error;
     }
   } finally {
     await database.close();
+  }
+}
+
+/** Runs a command on the checked database; one that publishes also opens the transport. */
+async function runWith(
+  needs: Needs,
+  database: OpsDatabase,
+  databaseUrl: string,
+  batchPolicy: { approvalThreshold?: number },
+  run: (ctx: Context) => Promise<void>,
+): Promise<void> {
+  if (needs !== "publish") {
+    await run({ ops: createOps({ db: database.db, queue: noPublishing, batchPolicy }), operator: database.operator });
+    return;
+  }
+  const publisher = await openPublisher(databaseUrl);
+  try {
+    await run({
+      ops: createOps({ db: publisher.db, queue: publisher.queue, batchPolicy }),
+      operator: database.operator,
+    });
+  } finally {
+    await publisher.close();
   }
 }
 
@@ -749,7 +822,9 @@ export async function main(argv: string[]): Promise<number> {
     return typeof process.exitCode === "number" ? process.exitCode : EXIT.ok;
   } catch (error) {
     if (error instanceof CommanderError) {
-      return error.exitCode === 0 ? EXIT.ok : EXIT.usage; // commander printed the usage problem
+      if (error.exitCode === 0) return EXIT.ok; // help or version
+      await auditUsageRefusal(args, error.message);
+      return EXIT.usage; // commander printed the usage problem
     }
     if (error instanceof ExitError) {
       process.stderr.write(`error: ${error.message}\n`);

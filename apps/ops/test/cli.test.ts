@@ -105,7 +105,8 @@ beforeAll(async () => {
   await module.queue.publishRaw("loyalty.points", "{garbage");
   if (module.transport === "memory") await module.settle();
   await module.close();
-});
+  // Cluster-wide role changes and a module run: slow on a loaded 2-core machine, not stuck.
+}, 180_000);
 
 describe("pnpm ops, end to end on a real database", () => {
   test("an operator goes from dead letters to a finished, audited replay batch", async () => {
@@ -144,6 +145,10 @@ describe("pnpm ops, end to end on a real database", () => {
     const noReason = await ops(["dlq", "discard", poison.id], as(ANA));
     expect(noReason.code).toBe(2);
     expect(noReason.stderr).toMatch(/--reason/);
+    const [refusal] = await pg.sql<{ operator: string; action: string; result: string; detail: string }[]>`
+      select operator, action, result, detail from core.ops_audit`;
+    expect(refusal).toMatchObject({ operator: ANA, action: "cli.dlq.discard", result: "rejected" });
+    expect(refusal?.detail).toMatch(/--reason/);
     const discarded = await opsJson(["dlq", "discard", poison.id, "--reason", "producer bug, fixed in v2"], as(ANA));
     expect(discarded.counts).toEqual({ discarded: 1 });
 
@@ -214,6 +219,7 @@ describe("pnpm ops, end to end on a real database", () => {
     const audit = await pg.sql<{ operator: string; action: string; result: string }[]>`
       select operator, action, result from core.ops_audit order by at, id`;
     expect(audit).toEqual([
+      { operator: ANA, action: "cli.dlq.discard", result: "rejected" }, // no --reason (#10 item 5)
       { operator: ANA, action: "dead_letter.discard", result: "ok" },
       { operator: ANA, action: "batch.create", result: "ok" },
       { operator: ANA, action: "batch.approve", result: "rejected" },
