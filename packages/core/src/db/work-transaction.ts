@@ -107,7 +107,7 @@ export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOp
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
 /**
  * The fence. For a new row (RETURNING runs only for an inserted one),
- * `core.fence_opened` (migration 0009) also:
+ * `core.fence_opened` (migration 0011) also:
  * - sets the server-side bounds for the rest of the transaction: a statement
  *   that runs too long, and a transaction left idle by a frozen client, which
  *   would otherwise hold the fence key, and every redelivery waiting on it,
