@@ -3,8 +3,8 @@
  * database and which transport replays go through, configured from the
  * environment like a module's composition root.
  *
- * - DATABASE_URL: the database holding `core.dead_letters` (never migrated
- *   here: operator commands only check that it is).
+ * - DATABASE_URL: the module's database (opened and checked by `database.ts`;
+ *   an in-process module opens its own pool on it for its consumers).
  * - SOFTCRUM_QUEUE=vercel (production): replays are published on Vercel
  *   Queues (configured from VERCEL_REGION, OIDC/VERCEL_OIDC_TOKEN,
  *   VERCEL_DEPLOYMENT_ID), to each consumer's replay topic, for the routes the
@@ -17,8 +17,6 @@
  * A new module makes its letters replayable by exporting a `ReplayModule`
  * (its consumers' routes) and adding it to MODULES.
  */
-import type { AnyPgDatabase } from "@softcrum/core";
-import { assertMigrated, coreMigrations, postgresJsSession } from "@softcrum/core/migrate";
 import {
   firstRoutingReplay,
   type InProcessConsumers,
@@ -33,67 +31,51 @@ import { loyaltyOps } from "@softcrum/example-loyalty/ops-binding";
 /** The registry: every module whose dead letters the operator tooling can replay. */
 export const MODULES: readonly ReplayModule[] = [loyaltyOps];
 
-export interface OpsComposition {
-  readonly db: AnyPgDatabase;
+export interface ReplayComposition {
   readonly replay: ReplayTransport;
   /** "vercel" or "in-process": where replays go. */
   readonly transport: "vercel" | "in-process";
-  /** Lets in-process replays finish, then closes the transport and the database. */
+  /** Lets in-process replays finish, then closes the transport. */
   close(): Promise<void>;
 }
 
-export async function openOps(
+/**
+ * The transport replays go out through, from the environment. Only commands
+ * that publish open it (the database is the CLI's own, `database.ts`).
+ */
+export async function openReplayTransport(
+  options: { readonly databaseUrl: string },
   env: Readonly<Record<string, string | undefined>> = process.env,
   modules: readonly ReplayModule[] = MODULES,
-): Promise<OpsComposition> {
-  const databaseUrl = env["DATABASE_URL"];
-  if (!databaseUrl) throw new Error("DATABASE_URL is not set: the CLI works on the module's database");
+): Promise<ReplayComposition> {
   const transport = env["SOFTCRUM_QUEUE"] ?? "memory";
   if (transport !== "memory" && transport !== "vercel") {
     throw new Error(`SOFTCRUM_QUEUE must be "memory" or "vercel", got ${JSON.stringify(transport)}`);
   }
-  const { default: postgres } = await import("postgres");
-  const { drizzle } = await import("drizzle-orm/postgres-js");
-  const client = postgres(databaseUrl, { max: 10, onnotice: () => {} });
-  try {
-    await assertMigrated(postgresJsSession(client), [coreMigrations]);
-  } catch (error) {
-    await client.end();
-    throw error;
-  }
-  const db = drizzle({ client }) as unknown as AnyPgDatabase;
-
   if (transport === "vercel") {
     // Loaded only here, so local runs never need the Vercel SDK.
     const { createVercelQueue } = await import("@softcrum/core/adapters/vercel");
     const queue = createVercelQueue({ env });
     return {
-      db,
       transport: "vercel",
       replay: registeredReplay(
         queue,
         modules.flatMap((m) => m.routes),
         { transport: "Vercel Queues" },
       ),
-      async close() {
-        await queue.close();
-        await client.end();
-      },
+      close: () => queue.close(),
     };
   }
-
   const running: InProcessConsumers[] = [];
   try {
     for (const module of modules) {
-      if (module.runInProcess) running.push(await module.runInProcess({ databaseUrl }));
+      if (module.runInProcess) running.push(await module.runInProcess({ databaseUrl: options.databaseUrl }));
     }
   } catch (error) {
     await Promise.allSettled(running.map((r) => r.close()));
-    await client.end();
     throw error;
   }
   return {
-    db,
     transport: "in-process",
     replay: firstRoutingReplay(
       running.map((r) => inProcessReplay(r.lanes)),
@@ -101,7 +83,6 @@ export async function openOps(
     ),
     async close() {
       await Promise.allSettled(running.map((r) => r.close()));
-      await client.end();
     },
   };
 }

@@ -16,7 +16,8 @@ export type SoftcrumErrorCode =
   | "CONFLICT"
   | "UNAUTHENTICATED"
   | "FORBIDDEN"
-  | "NOT_ROUTABLE";
+  | "NOT_ROUTABLE"
+  | "PAYLOAD_TOO_LARGE";
 
 const BRAND = "@softcrum/core:error";
 
@@ -82,10 +83,14 @@ export class RateLimitedError extends SoftcrumError {
 /**
  * An operator action that cannot be done as asked. `code` says why:
  * INVALID_INPUT (bad filter, missing reason), NOT_FOUND, CONFLICT (the state
- * does not allow it), UNAUTHENTICATED, FORBIDDEN.
+ * does not allow it), UNAUTHENTICATED, FORBIDDEN, PAYLOAD_TOO_LARGE (an HTTP
+ * body past the handler's limit).
  */
 export class OpsError extends SoftcrumError {
-  constructor(code: "INVALID_INPUT" | "NOT_FOUND" | "CONFLICT" | "UNAUTHENTICATED" | "FORBIDDEN", message: string) {
+  constructor(
+    code: "INVALID_INPUT" | "NOT_FOUND" | "CONFLICT" | "UNAUTHENTICATED" | "FORBIDDEN" | "PAYLOAD_TOO_LARGE",
+    message: string,
+  ) {
     super(code, message);
   }
 }

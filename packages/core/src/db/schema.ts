@@ -55,6 +55,13 @@ export type DeadLetterErrorClass = (typeof ERROR_CLASSES)[number];
 /** Longest `last_error` kept, in characters; longer messages are cut. */
 export const LAST_ERROR_MAX = 4000;
 
+/**
+ * A Postgres regex that matches text holding at least one character that
+ * JavaScript's `trim()` would keep: the database's "not blank".
+ */
+export const NOT_BLANK_PATTERN =
+  "[^\\t\\n\\v\\f\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff]";
+
 const inList = (values: readonly string[]) => sql.raw(values.map((v) => `'${v}'`).join(", "));
 
 /**
@@ -131,9 +138,11 @@ export const deadLetters = core.table(
     check("dead_letters_payload_encoding_valid", sql`${t.payloadEncoding} in ('utf8', 'base64')`),
     check("dead_letters_attempts_nonnegative", sql`${t.attempts} >= 0`),
     check("dead_letters_last_error_bounded", sql`char_length(${t.lastError}) <= ${sql.raw(String(LAST_ERROR_MAX))}`),
+    // Not blank by JavaScript's trim(), the API's rule: tabs, line breaks and
+    // Unicode spaces are blank too (migration 0009, #10 item 7).
     check(
-      "dead_letters_discard_needs_reason",
-      sql`${t.status} <> 'discarded' or (${t.statusReason} is not null and btrim(${t.statusReason}) <> '')`,
+      "dead_letters_discard_reason_not_blank",
+      sql`${t.status} <> 'discarded' or (${t.statusReason} is not null and ${t.statusReason} ~ '${sql.raw(NOT_BLANK_PATTERN)}')`,
     ),
     check(
       "dead_letters_status_change_recorded",

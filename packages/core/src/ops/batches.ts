@@ -28,6 +28,7 @@ import {
 import { describeError, OpsError } from "../errors.ts";
 import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import { type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
+import { markAudited } from "./refusals.ts";
 
 export interface BatchPolicy {
   /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
@@ -320,11 +321,12 @@ export class ReplayBatches {
           operator,
           action: "batch.run",
           scope: { batchId: id },
-          result: error instanceof OpsError && error.code !== "INVALID_INPUT" ? "refused" : "rejected",
+          // Like every library refusal (#audited): a state or rule that refused it is "rejected".
+          result: error instanceof OpsError ? "rejected" : "error",
           detail: error instanceof Error ? error.message : String(error),
         })
         .catch(() => {});
-      throw error;
+      throw markAudited(error); // the HTTP layer must not audit it a second time
     };
     let first: ReplayBatchRow;
     try {
@@ -744,6 +746,8 @@ export class ReplayBatches {
     to: ReplayBatchStatus,
     set: Partial<typeof replayBatches.$inferInsert>,
   ) {
+    // Validated before the query: a malformed id is bad input (400, exit 2), never a database error.
+    parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
     const changed = await this.#db
       .update(replayBatches)
       .set({ ...set, status: to })

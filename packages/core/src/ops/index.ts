@@ -12,7 +12,7 @@ export { cachedDepth } from "./depth.ts";
 export type { DeadLetterFilter } from "./filters.ts";
 export { deadLetterFilterSchema } from "./filters.ts";
 export type { OpsHandlerOptions } from "./http.ts";
-export { createOpsHandler } from "./http.ts";
+export { createOpsHandler, MAX_BODY_BYTES } from "./http.ts";
 export type {
   ActionOutcome,
   ActionReport,

@@ -26,6 +26,7 @@ import {
   parseInput,
   reasonSchema,
 } from "./filters.ts";
+import { markAudited } from "./refusals.ts";
 import { type ReplayRoute, type ReplayTransport, replayTransportFor } from "./routes.ts";
 
 /** Where replay and failed-again counts go (OpenTelemetry in production). */
@@ -715,7 +716,7 @@ export class DeadLetterOperations {
         result: rejected ? "rejected" : "error",
         detail: describeError(error),
       }).catch(() => {});
-      throw error;
+      throw markAudited(error);
     }
   }
 

@@ -343,7 +343,7 @@ describe("the two-person rule under concurrent direct replays (#10 item 4)", () 
 });
 
 describe("refusals and pauses are audited (#10 item 5)", () => {
-  test("batch run refused while awaiting approval is audited as refused", async () => {
+  test("batch run refused while awaiting approval is audited (rejected, like every refusal of the library)", async () => {
     await makeDeadLetters(Array.from({ length: 6 }, (_, i) => award(`aw-${i}`)));
     const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 100 });
     const error = await refusal(ops.batches.run(batch.id, { operator: "ana" }));
@@ -351,7 +351,7 @@ describe("refusals and pauses are audited (#10 item 5)", () => {
     expect((await audit()).at(-1)).toMatchObject({
       operator: "ana",
       action: "batch.run",
-      result: "refused",
+      result: "rejected",
       detail: expect.stringMatching(/awaits approval/),
       scope: { batchId: batch.id },
     });

@@ -205,7 +205,7 @@ describe("discard", () => {
         .set({ status: "discarded", statusReason: reason, statusChangedAt: new Date(), statusChangedBy: "sql" })
         .where(eq(deadLetters.id, id as string)),
     ).rejects.toMatchObject({
-      cause: expect.objectContaining({ constraint_name: "dead_letters_discard_needs_reason" }),
+      cause: expect.objectContaining({ constraint_name: "dead_letters_discard_reason_not_blank" }),
     });
   });
 });
