@@ -458,10 +458,10 @@ export class ReplayBatches {
     /** Why the runner must pause (a failed or unroutable replay, the failure rate), once something said so. */
     let stopped: { reason: string; cause: string } | undefined;
     /**
-     * The stop conditions and the progress report run beside the replays, one
-     * at a time, not between them: their cost (bounded, RESOLVE_PAGE jobs)
-     * never stretches the interval between two replays. What they find takes
-     * effect at the next letter.
+     * The stop conditions run beside the replays, one check at a time, not
+     * between them: their cost (bounded, RESOLVE_PAGE jobs) never stretches
+     * the interval between two replays. What they find takes effect at the
+     * next letter.
      */
     let checking: Promise<void> | undefined;
     const check = async (maxFailureRate: number, inSample: boolean) => {
@@ -488,8 +488,8 @@ export class ReplayBatches {
     };
 
     // Replays START at the batch's rate; each runs on its own (at most
-    // `maxInFlight` at once, across chunks), so a slow publish or database
-    // round trip does not slow the rate down: it is limited by the pacing.
+    // `maxInFlight` at once), so a slow publish or database round trip does
+    // not slow the rate down: it is limited by the pacing.
     const inFlight = new Map<string, Promise<void>>();
     const drain = () => Promise.all(inFlight.values());
     const replay = async (deadLetterId: string) => {
