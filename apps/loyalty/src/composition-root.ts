@@ -211,6 +211,8 @@ async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
   return createVercelQueue({
     ...(options.clock ? { clock: options.clock } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
+    // Failed acknowledgements, lost leases, rescues and auth failures are counted (softcrum.transport.incident).
+    ...(options.metrics ? { metrics: options.metrics } : {}),
     ...options.vercel,
   });
 }

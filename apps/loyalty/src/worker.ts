@@ -64,6 +64,12 @@ export interface WorkerOptions {
 
 export interface LoyaltyWorker {
   readonly module: LoyaltyModule;
+  /**
+   * Resolves with the reason if a Vercel poll worker fails (auth failures past
+   * its limit: an expired OIDC token is renewed only by a linked Vercel CLI);
+   * never with the in-process transport.
+   */
+  readonly failed: Promise<Error>;
   stop(): Promise<void>;
 }
 
@@ -126,6 +132,7 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   module.outboxRelay.start();
   return {
     module,
+    failed: Promise.race(pollers.map((poller) => poller.failed)),
     async stop() {
       await Promise.all(pollers.map((poller) => poller.stop()));
       await schedule.stop();
@@ -178,4 +185,10 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   };
   process.on("SIGINT", shutdown);
   process.on("SIGTERM", shutdown);
+  // A worker that can no longer receive must not look alive: stop and exit 1, so it is restarted and seen.
+  void worker.failed.then((error) => {
+    console.error(`loyalty worker: ${error.message}`);
+    stopping = true;
+    void worker.stop().finally(() => process.exit(1));
+  });
 }

@@ -35,6 +35,7 @@ import { type Clock, systemClock } from "../../clock.ts";
 import { type Envelope, parseEnvelope } from "../../envelope.ts";
 import { describeError, InvalidConfigError, InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
 import { consoleLogger, type Logger } from "../../ports/logger.ts";
+import type { MetricsPort } from "../../ports/metrics.ts";
 import type {
   BoundConsumer,
   Delivery,
@@ -117,6 +118,8 @@ export interface VercelQueueOptions {
    * as a metric, page on `alert: true`. Never throws into the adapter. @default none (they are logged)
    */
   readonly onIncident?: (incident: VercelIncident) => void;
+  /** Counts every incident (`MetricsPort.transportIncident`, e.g. `createOtelMetrics()`). @default none */
+  readonly metrics?: Pick<MetricsPort, "transportIncident">;
 }
 
 export interface VercelWorkerOptions {
@@ -665,6 +668,7 @@ class VercelQueueAdapter implements VercelQueue {
   readonly #clock: Clock;
   readonly #logger: Logger;
   readonly #onIncident: ((incident: VercelIncident) => void) | undefined;
+  readonly #metrics: Pick<MetricsPort, "transportIncident"> | undefined;
   readonly #listeners = new Set<(event: VercelDeliveryEvent) => void>();
   readonly #workers = new Set<PollWorker>();
   readonly #incidents = new Map<string, number>();
@@ -676,6 +680,7 @@ class VercelQueueAdapter implements VercelQueue {
     this.#clock = options.clock ?? systemClock;
     this.#logger = options.logger ?? consoleLogger;
     this.#onIncident = options.onIncident;
+    this.#metrics = options.metrics;
     this.#client = new QueueClient({
       region: this.#config.region,
       deploymentId: this.#config.deploymentId,
@@ -1450,6 +1455,10 @@ class VercelQueueAdapter implements VercelQueue {
     };
     if (incident.alert || incident.kind.endsWith("_failed")) this.#logger.error(incident.message, fields);
     else this.#logger.warn(incident.message, fields);
+    // An observer's bug must not change what happens to the message.
+    try {
+      this.#metrics?.transportIncident?.({ queue: incident.queue, consumer: incident.consumer, kind: incident.kind });
+    } catch {}
     try {
       this.#onIncident?.(incident);
     } catch {}

@@ -245,9 +245,11 @@ describe("republish keys that cannot collide (#11 item 4)", () => {
 });
 
 describe("lease races and failed directives (#11 item 5)", () => {
-  test("a failed acknowledgement is an incident and a 500, and the early redelivery is a duplicate the fence absorbs", async () => {
+  test("a failed acknowledgement is an incident, a metric and a 500, and the early redelivery is a duplicate the fence absorbs", async () => {
     const { seen, onIncident } = incidents();
-    const h = await open("push", { onIncident });
+    const counted: string[] = [];
+    const metrics = { transportIncident: (a: { kind: string }) => void counted.push(a.kind) };
+    const h = await open("push", { onIncident, metrics });
     const consumer = pointsConsumer();
     h.subscribe(bind(consumer));
     await h.queue.publish(consumer.queue, award());
@@ -259,6 +261,7 @@ describe("lease races and failed directives (#11 item 5)", () => {
     expect(h.fake.callbacks.map((c) => c.status)).toEqual([500, 200]);
     expect(await effectRows(consumer.name)).toHaveLength(1);
     expect(h.queue.incidentCounts()).toEqual({ ack_failed: 1 });
+    expect(counted).toEqual(["ack_failed"]);
   });
 
   test("a failed retry directive is an incident, and the job comes back when its lease ends", async () => {
