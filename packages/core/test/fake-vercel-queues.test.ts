@@ -6,7 +6,12 @@
  */
 import { PollingQueueClient, QueueClient } from "@vercel/queue";
 import { afterEach, describe, expect, test } from "vitest";
-import { type FakeVercelQueues, type FakeVercelQueuesOptions, startFakeVercelQueues } from "./fake-vercel-queues.ts";
+import {
+  chaosFaults,
+  type FakeVercelQueues,
+  type FakeVercelQueuesOptions,
+  startFakeVercelQueues,
+} from "./fake-vercel-queues.ts";
 
 let fake: FakeVercelQueues | undefined;
 afterEach(async () => {
@@ -228,4 +233,21 @@ test("an unknown token is refused with 401", async () => {
   const f = await start();
   const stale = new QueueClient({ ...f.clientOptions(), token: "expired" });
   await expect(stale.send("t", {})).rejects.toMatchObject({ name: "UnauthorizedError" });
+});
+
+test("chaosFaults drops a share of acks silently (answered 204, not applied), repeatably from its seed", async () => {
+  const counts: number[] = [];
+  for (let run = 0; run < 2; run++) {
+    const f = await start({ faults: chaosFaults({ seed: 3, lostAcks: 0.25 }) });
+    const sdk = poller(f);
+    for (let i = 0; i < 40; i++) await client(f).send("t", { i });
+    while ((await sdk.receive("t", "g", () => {}, { visibilityTimeoutSeconds: 30 })).ok) {}
+    counts.push(f.pending("t", "g"));
+    expect(f.leaseCalls.filter((c) => !c.applied).every((c) => c.status === 204)).toBe(true);
+    await f.close();
+    fake = undefined;
+  }
+  expect(counts[0]).toBeGreaterThan(0);
+  expect(counts[0]).toBeLessThan(40);
+  expect(counts[1]).toBe(counts[0]);
 });

@@ -280,6 +280,39 @@ export interface FakeVercelQueues {
   close(): Promise<void>;
 }
 
+/**
+ * Random faults for a chaos run, repeatable from `seed`: each a probability
+ * per call. `lostAcks`: an acknowledgement answered 204 but not applied (the
+ * message comes back when its lease ends); `failedAcks` / `failedPatches`:
+ * answered 500, not applied; `lostResponses`: an ack applied but answered 502;
+ * `earlyRedelivery`: a lease (a retry's wait included) ends `earlyByMs`
+ * early (default: at once).
+ */
+export function chaosFaults(options: {
+  readonly seed?: number;
+  readonly lostAcks?: number;
+  readonly failedAcks?: number;
+  readonly failedPatches?: number;
+  readonly lostResponses?: number;
+  readonly earlyRedelivery?: number;
+  readonly earlyByMs?: number;
+}): FakeFaults {
+  const random = seeded(options.seed ?? 7);
+  const roll = (p: number | undefined) => p !== undefined && p > 0 && random() < p;
+  return {
+    leaseCall(call) {
+      if (call.method === "DELETE") {
+        if (roll(options.lostAcks)) return { status: 204, apply: false };
+        if (roll(options.failedAcks)) return { status: 500 };
+        if (roll(options.lostResponses)) return { status: 502, apply: true };
+        return undefined;
+      }
+      return roll(options.failedPatches) ? { status: 500 } : undefined;
+    },
+    earlyRedeliveryMs: () => (roll(options.earlyRedelivery) ? (options.earlyByMs ?? Number.MAX_SAFE_INTEGER) : 0),
+  };
+}
+
 /** A small seeded PRNG (mulberry32): the fake's order is random but repeatable. */
 function seeded(seed: number): () => number {
   let a = seed >>> 0;
@@ -497,10 +530,13 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
   };
 
   const replyFault = (res: ServerResponse, fault: FakeReply) =>
-    reply(res, fault.status, `injected ${fault.status}`, {
-      ...(fault.retryAfter !== undefined ? { "retry-after": String(fault.retryAfter) } : {}),
-      ...(fault.errorCode !== undefined ? { "vqs-error-code": fault.errorCode } : {}),
-    });
+    // A 2xx fault (an ack or PATCH answered as done but not applied) looks like the real answer.
+    fault.status === 204
+      ? reply(res, 204)
+      : reply(res, fault.status, fault.status < 300 ? { success: true } : `injected ${fault.status}`, {
+          ...(fault.retryAfter !== undefined ? { "retry-after": String(fault.retryAfter) } : {}),
+          ...(fault.errorCode !== undefined ? { "vqs-error-code": fault.errorCode } : {}),
+        });
 
   const intHeader = (req: IncomingMessage, name: string): number | undefined | "bad" => {
     const raw = req.headers[name.toLowerCase()];

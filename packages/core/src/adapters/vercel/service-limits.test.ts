@@ -9,6 +9,7 @@
 import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, test } from "vitest";
 import { z } from "zod";
+import { chaosFaults } from "../../../test/fake-vercel-queues.ts";
 import { effects, silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
 import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
@@ -262,6 +263,27 @@ describe("lease races and failed directives (#11 item 5)", () => {
     expect(await effectRows(consumer.name)).toHaveLength(1);
     expect(h.queue.incidentCounts()).toEqual({ ack_failed: 1 });
     expect(counted).toEqual(["ack_failed"]);
+  });
+
+  test("acks dropped silently and leases ending early: every job has exactly one effect, and none is dropped", async () => {
+    const h = await open("push", { fake: { faults: chaosFaults({ seed: 11, lostAcks: 0.1, earlyRedelivery: 0.1 }) } });
+    const failedOnce = new Set<string>();
+    const consumer = pointsConsumer((ctx) => {
+      if (!failedOnce.has(ctx.envelope.job_id) && (ctx.envelope.data as { points: number }).points % 3 === 0) {
+        failedOnce.add(ctx.envelope.job_id);
+        throw new Error("flaky partner");
+      }
+    });
+    h.subscribe(bind(consumer));
+    for (let i = 1; i <= 30; i++) await h.queue.publish(consumer.queue, award(i));
+    await h.settle();
+    const rows = await effectRows(consumer.name);
+    expect(rows).toHaveLength(30);
+    expect(new Set(rows.map((r) => r.jobId)).size).toBe(30);
+    expect(h.fake.drops).toEqual([]);
+    // The faults did happen: some acks were dropped, so some deliveries were duplicates.
+    expect(h.fake.leaseCalls.some((c) => c.method === "DELETE" && !c.applied)).toBe(true);
+    expect(h.fake.callbacks.length).toBeGreaterThan(30 + failedOnce.size);
   });
 
   test("a failed retry directive is an incident, and the job comes back when its lease ends", async () => {
