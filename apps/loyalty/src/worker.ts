@@ -78,14 +78,15 @@ const VERCEL_HOLD_MS = 604_800_000;
 
 export async function startLoyaltyWorker(options: WorkerOptions): Promise<LoyaltyWorker> {
   const transport = options.transport ?? (process.env["SOFTCRUM_QUEUE"] === "vercel" ? "vercel" : "memory");
-  const transportHoldMs = transport === "vercel" ? VERCEL_HOLD_MS : 0;
+  const vercelOptions = transport === "vercel" ? pollingVercelOptions(options) : undefined;
+  // The fence TTL must cover the retention the adapter asks for (a message may come back that late).
+  const transportHoldMs = vercelOptions ? (vercelOptions.retentionSeconds ?? VERCEL_HOLD_MS / 1000) * 1000 : 0;
   // Checked first: a TTL a late retry could outlive stops the worker before it opens or consumes anything.
   checkFenceTtl({
     ttlMs: options.fenceTtlMs,
     consumers: [createAwardPointsConsumer(), createNotifyPartnerConsumer(options)],
     transportHoldMs,
   });
-  const vercelOptions = transport === "vercel" ? pollingVercelOptions(options) : undefined;
 
   const sourceToken = process.env["BETTERSTACK_SOURCE_TOKEN"];
   const databaseUrl = options.databaseUrl === undefined ? process.env["DATABASE_URL"] : options.databaseUrl;
