@@ -430,7 +430,7 @@ const WRAPPER_V1 = `${WRAPPER_MARK}1,`;
 const WRAPPER_V2 = `${WRAPPER_MARK}2,`;
 const NEWLINE = 0x0a;
 
-interface Wrapper {
+export interface VercelWrapper {
   /** The consumer it is addressed to; undefined: every consumer of the queue (a delayed message). */
   readonly consumer: string | undefined;
   readonly attemptsSpent: number;
@@ -445,7 +445,7 @@ interface Wrapper {
   readonly replay?: boolean;
 }
 
-type WrapperHead = Omit<Wrapper, "body">;
+type WrapperHead = Omit<VercelWrapper, "body">;
 
 function encodeWrapper(head: WrapperHead, body: string | Uint8Array): Buffer {
   // The mark stays the first bytes: readWrapper looks for it before parsing.
@@ -485,8 +485,18 @@ function readHead(value: Record<string, unknown>): WrapperHead | undefined {
   };
 }
 
+/**
+ * What a message body the adapter sent carries: the job's bytes (`body`,
+ * exactly as published) and the wrapper's fields, or undefined for a plain
+ * message. For tools and tests that read messages on the wire (a replay's
+ * bytes, a deferral's attempts).
+ */
+export function readVercelWrapper(bytes: Uint8Array): Readonly<VercelWrapper> | undefined {
+  return readWrapper(bytes);
+}
+
 /** The wrapper a body carries, or undefined for an ordinary message (anything malformed is ordinary: the harness judges it). */
-function readWrapper(bytes: Uint8Array): Wrapper | undefined {
+function readWrapper(bytes: Uint8Array): VercelWrapper | undefined {
   if (bytes.length < WRAPPER_V2.length) return undefined;
   const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const head = buffer.subarray(0, WRAPPER_V2.length).toString("latin1");

@@ -14,7 +14,7 @@ import { InvalidConfigError, PermanentError, RateLimitedError } from "../../erro
 import { createOps } from "../../ops/index.ts";
 import type { BoundConsumer } from "../../queue-port.ts";
 import { DEFAULT_RETRY_POLICY, retryDelayMs } from "../../retry.ts";
-import { createVercelQueue, fromVercelTopic, toVercelTopic } from "./index.ts";
+import { createVercelQueue, fromVercelTopic, readVercelWrapper, toVercelTopic } from "./index.ts";
 
 const pg = useEffectsDatabase("vercel");
 
@@ -51,6 +51,8 @@ const directives = (h: VercelHarness) =>
   h.fake.leaseCalls.filter((c) => !(c.method === "PATCH" && c.visibilityTimeoutSeconds === 300));
 /** The JSON header of a wrapper the adapter sent (a deferral, a replay, a delayed message). */
 const wrapperHead = (body: Buffer) => JSON.parse(body.subarray(0, body.indexOf(10)).toString("utf8"));
+const text = (body: string | Uint8Array | undefined) =>
+  typeof body === "string" ? body : Buffer.from(body ?? new Uint8Array()).toString("utf8");
 
 let harness: VercelHarness | undefined;
 afterEach(async () => {
@@ -352,6 +354,9 @@ describe("push mode (route handler)", () => {
     expect(await effectRows(consumer.name)).toHaveLength(1);
     const deferrals = h.fake.sends.slice(1);
     expect(deferrals.map((d) => wrapperHead(d.body).deferrals)).toEqual([1, 2, 3, 4]);
+    // The job's bytes travel unchanged after the header line (no escaping, no base64).
+    const original = h.fake.sends[0]?.body.toString("utf8");
+    for (const d of deferrals) expect(text(readVercelWrapper(d.body)?.body)).toBe(original);
     const waits = deferrals.map((d) => d.delaySeconds ?? 0);
     for (let i = 1; i < waits.length; i++) expect(waits[i]).toBeGreaterThan(waits[i - 1] as number);
   });
