@@ -116,6 +116,8 @@ export interface FakeReply {
   readonly retryAfter?: number;
   /** Sent as `Vqs-Error-Code` (502 `consumer_discovery_failed`). */
   readonly errorCode?: string;
+  /** 202 only: false when the "deferred processing" never stores the message (the pessimistic answer). @default true */
+  readonly store?: boolean;
 }
 
 export interface FakeFaults {
@@ -587,6 +589,10 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
           body,
         });
       const fault = sendFaults.shift() ?? fake.faults.send?.({ topic, body, idempotencyKey: key });
+      if (fault?.status === 202 && fault.store === false) {
+        record(null, false, 202);
+        return reply(res, 202, { status: "accepted" });
+      }
       if (fault && fault.status !== 202) {
         record(null, false, fault.status);
         return replyFault(res, fault);

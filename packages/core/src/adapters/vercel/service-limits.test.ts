@@ -423,6 +423,67 @@ describe("size (#11 item 8)", () => {
   });
 });
 
+describe("the service's answers to a republish (#11 item 7)", () => {
+  test("202 (accepted, no id): the copy runs, and the original kept as insurance comes back as a duplicate", async () => {
+    const h = await open("push");
+    const attempts: number[] = [];
+    let limited = 1;
+    const consumer = pointsConsumer((ctx) => {
+      attempts.push(ctx.attempt);
+      if (limited-- > 0) throw new RateLimitedError("429", { retryAfterMs: 20_000 });
+    });
+    h.subscribe(bind(consumer));
+    await h.queue.publish(consumer.queue, award());
+    h.fake.failNextSends({ status: 202 });
+    await h.settle();
+    expect(h.fake.sends.map((x) => x.status)).toEqual([201, 202]);
+    expect(attempts).toEqual([1, 1]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+    expect(h.fake.drops).toEqual([]);
+    // The original waited past the copy's delay, then was a duplicate (acknowledged, nothing ran).
+    expect(h.fake.leaseCalls.filter((c) => c.method === "PATCH").map((c) => c.visibilityTimeoutSeconds)).toContain(80);
+  });
+
+  test("202 whose deferred processing never stores the copy: the original kept as insurance runs the job", async () => {
+    const h = await open("push");
+    const attempts: number[] = [];
+    let limited = 1;
+    const consumer = pointsConsumer((ctx) => {
+      attempts.push(ctx.attempt);
+      if (limited-- > 0) throw new RateLimitedError("429", { retryAfterMs: 20_000 });
+    });
+    h.subscribe(bind(consumer));
+    await h.queue.publish(consumer.queue, award());
+    h.fake.failNextSends({ status: 202, store: false });
+    await h.settle();
+    expect(attempts).toEqual([1, 2]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+  });
+
+  for (const fault of [
+    { status: 429, retryAfter: 30 },
+    { status: 502, errorCode: "consumer_discovery_failed" },
+    { status: 503 },
+  ]) {
+    test(`${fault.status}: a deferral that cannot be sent waits on its lease instead, and the job is not lost`, async () => {
+      const { seen, onIncident } = incidents();
+      const h = await open("poll", { onIncident });
+      const attempts: number[] = [];
+      const consumer = pointsConsumer((ctx) => {
+        attempts.push(ctx.attempt);
+        if (attempts.length === 1) throw new RateLimitedError("429", { retryAfterMs: 20_000 });
+      });
+      h.subscribe(bind(consumer));
+      await h.queue.publish(consumer.queue, award());
+      h.fake.failNextSends(fault);
+      await h.settle();
+      expect(attempts).toEqual([1, 2]);
+      expect(await effectRows(consumer.name)).toHaveLength(1);
+      expect(seen.map((i) => i.kind)).toEqual(["republish_failed"]);
+    });
+  }
+});
+
 describe("push route trust (#10 item 16)", () => {
   const forged = (topic: string, group: string, body: string, handle = "rh_invented") =>
     new Request("http://route.invalid/", {
