@@ -1142,6 +1142,14 @@ class VercelQueueAdapter implements VercelQueue {
       } else this.#emit({ ...processed.event, action: "none", applied });
     };
     if (action.kind === "none") {
+      if (lane.mode === "push") {
+        // The route answers 500; whether the service then waits the trigger's
+        // retryAfterSeconds or the lease (which the confirmation lengthened) is
+        // undocumented: end the lease then, so both answers agree. Best effort.
+        await lane.api
+          .changeVisibility({ ...ref, visibilityTimeoutSeconds: leaseFor(lane.redeliverySeconds) })
+          .catch(() => {});
+      }
       emit(true);
       return "not_acknowledged";
     }
