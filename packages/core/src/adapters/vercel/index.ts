@@ -1102,15 +1102,18 @@ class VercelQueueAdapter implements VercelQueue {
         try {
           const seconds = leaseFor(vt);
           if (seconds > 0) await lane.api.changeVisibility({ ...ref, visibilityTimeoutSeconds: seconds });
-          if (!stopped) timer = setTimeout(renew, this.#config.leaseRenewalMs);
+          if (!stopped) timer = setTimeout(renew, this.#config.leaseRenewalMs).unref();
         } catch (error) {
           incident("lease_renewal_failed", `lease renewal failed: ${describeError(error)}`);
           // A lease that is gone stays gone; anything else is tried again soon.
-          if (!leaseGone(error) && !stopped) timer = setTimeout(renew, Math.min(3_000, this.#config.leaseRenewalMs));
+          if (!leaseGone(error) && !stopped) {
+            timer = setTimeout(renew, Math.min(3_000, this.#config.leaseRenewalMs)).unref();
+          }
         }
       })();
     };
-    timer = setTimeout(renew, this.#config.leaseRenewalMs);
+    // Unref'd like the core's other timers: the delivery itself keeps the process busy.
+    timer = setTimeout(renew, this.#config.leaseRenewalMs).unref();
     let processed: Processed;
     try {
       processed = await this.#process(lane, message, expiresAt);
