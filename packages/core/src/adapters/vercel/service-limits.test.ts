@@ -324,7 +324,7 @@ describe("lease races and failed directives (#11 item 5)", () => {
     };
     const consumer = pointsConsumer(async (ctx) => {
       if (ctx.attempt > 1) return;
-      await Promise.race([started, new Promise((r) => setTimeout(r, 3_000))]);
+      await Promise.race([started, new Promise((r) => setTimeout(r, 10_000))]);
       setTimeout(() => renewing?.(), 50); // the renewal answers after the handler failed
       throw new Error("flaky");
     });
