@@ -58,8 +58,12 @@ export interface RecordedSend {
   readonly region: string;
   /** `Vqs-Deployment-Id` of the send; null when unpinned. */
   readonly deploymentId: string | null;
-  /** The id answered (a fresh one for a duplicate; null for a 202). */
-  readonly messageId: string | null;
+  /**
+   * The id of the message stored (for a 202, which answers none, the id it was
+   * stored under), the fresh id answered for a duplicate, or "" when nothing
+   * was stored (a refused send).
+   */
+  readonly messageId: string;
   readonly idempotencyKey: string | undefined;
   readonly delaySeconds: number | undefined;
   readonly retentionSeconds: number | undefined;
@@ -574,7 +578,7 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
       const delay = intHeader(req, "Vqs-Delay-Seconds");
       const retention = intHeader(req, "Vqs-Retention-Seconds");
       const key = req.headers["vqs-idempotency-key"] as string | undefined;
-      const record = (messageId: string | null, deduplicated: boolean, status: number) =>
+      const record = (messageId: string, deduplicated: boolean, status: number) =>
         sends.push({
           order: order++,
           topic,
@@ -590,15 +594,15 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
         });
       const fault = sendFaults.shift() ?? fake.faults.send?.({ topic, body, idempotencyKey: key });
       if (fault?.status === 202 && fault.store === false) {
-        record(null, false, 202);
+        record("", false, 202);
         return reply(res, 202, { status: "accepted" });
       }
       if (fault && fault.status !== 202) {
-        record(null, false, fault.status);
+        record("", false, fault.status);
         return replyFault(res, fault);
       }
       if (body.length > maxMessageBytes) {
-        record(null, false, 413);
+        record("", false, 413);
         return reply(res, 413, `message of ${body.length} bytes exceeds the limit of ${maxMessageBytes}`);
       }
       if (delay === "bad" || retention === "bad") return reply(res, 400, "delay and retention are integers");
@@ -630,7 +634,7 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
       );
       if (key !== undefined) dedup.set(dedupKey, { messageId: m.id, until: now + Math.min(retentionS, DAY_S) * 1000 });
       if (fault?.status === 202) {
-        record(null, false, 202);
+        record(m.id, false, 202);
         return reply(res, 202, { status: "accepted" });
       }
       record(m.id, false, 201);
