@@ -11,7 +11,8 @@
  * Exit codes: 0 done; 1 unexpected failure; 2 bad input (filter, missing
  * reason or operator, more ids than a direct replay takes); 3 not found (none
  * of the ids exists); 4 refused (the state or a rule forbids it:
- * awaiting approval, approving your own batch); 5 partly done (some ids not acted on, or the batch ended without
+ * awaiting approval, approving your own batch, a letter already replayed or
+ * that no transport here can deliver to its consumer); 5 partly done (some ids not acted on, or the batch ended without
  * completing: paused, stopped or expired).
  */
 import { isSoftcrumError } from "@softcrum/core";
@@ -25,9 +26,9 @@ import {
   MIN_AUDIT_RETENTION_DAYS,
   type Ops,
 } from "@softcrum/core/ops";
-import { createOpsBinding } from "@softcrum/example-loyalty/ops-binding";
 import { SingleBar } from "cli-progress";
 import { Command, CommanderError, Option } from "commander";
+import { openOps } from "./composition.ts";
 import { fields, json, table, text } from "./format.ts";
 
 export const EXIT = { ok: 0, failure: 1, usage: 2, notFound: 3, conflict: 4, partial: 5 } as const;
@@ -47,13 +48,17 @@ interface Context {
 
 /** Opens the database and queue once per command, and closes them (letting in-process replays finish). */
 async function withOps<T>(run: (ctx: Context) => Promise<T>): Promise<T> {
-  const databaseUrl = process.env["DATABASE_URL"];
-  if (!databaseUrl) throw new ExitError(EXIT.usage, "DATABASE_URL is not set: the CLI works on the module's database");
-  const binding = await createOpsBinding({ databaseUrl });
+  if (!process.env["DATABASE_URL"])
+    throw new ExitError(EXIT.usage, "DATABASE_URL is not set: the CLI works on the module's database");
+  // The platform transport and the modules' replay routes (composition.ts): a
+  // letter no transport here can deliver is refused, never "replayed".
+  const composed = await openOps();
   try {
-    return await run({ ops: createOps({ db: binding.db, queue: binding.queue, batchPolicy: batchPolicyFromEnv() }) });
+    return await run({
+      ops: createOps({ db: composed.db, replay: composed.replay, batchPolicy: batchPolicyFromEnv() }),
+    });
   } finally {
-    await binding.close();
+    await composed.close();
   }
 }
 
@@ -116,10 +121,12 @@ function printReport(report: ActionReport, asJson: boolean) {
         .join(", "),
     );
   }
-  // None of the ids exists: "not found"; some not acted on: "partly done".
+  // None of the ids exists: "not found"; none acted on (already replayed,
+  // not routable, not replayable): "refused"; some not acted on: "partly done".
+  const acted = (r: { outcome: string }) => r.outcome === "replayed" || r.outcome === "discarded";
   if (report.results.every((r) => r.outcome === "not_found")) process.exitCode = EXIT.notFound;
-  else if (report.results.some((r) => r.outcome !== "replayed" && r.outcome !== "discarded"))
-    process.exitCode = EXIT.partial;
+  else if (!report.results.some(acted)) process.exitCode = EXIT.conflict;
+  else if (!report.results.every(acted)) process.exitCode = EXIT.partial;
 }
 
 const BATCH_FIELDS = [
@@ -542,6 +549,7 @@ export async function main(argv: string[]): Promise<number> {
         NOT_FOUND: EXIT.notFound,
         CONFLICT: EXIT.conflict,
         FORBIDDEN: EXIT.conflict,
+        NOT_ROUTABLE: EXIT.conflict,
       };
       return byCode[error.code] ?? EXIT.failure;
     }

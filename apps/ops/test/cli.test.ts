@@ -180,11 +180,13 @@ describe("pnpm ops, end to end on a real database", () => {
     expect(audit).toEqual([
       { operator: "ana", action: "dead_letter.discard", result: "ok" },
       { operator: "ana", action: "batch.create", result: "ok" },
+      { operator: "ana", action: "batch.run", result: "refused" }, // awaiting approval (#10 item 5)
       { operator: "ana", action: "batch.approve", result: "rejected" },
       { operator: "bo", action: "batch.approve", result: "ok" },
       { operator: "bo", action: "batch.run", result: "ok" },
       { operator: "ana", action: "batch.create", result: "ok" },
       { operator: "ana", action: "batch.run", result: "ok" },
+      { operator: "ana", action: "batch.pause", result: "ok" }, // the sample failed: an audited pause (#10 item 5)
       { operator: "ana", action: "batch.stop", result: "ok" },
     ]);
   });

@@ -15,7 +15,8 @@ export type SoftcrumErrorCode =
   | "NOT_FOUND"
   | "CONFLICT"
   | "UNAUTHENTICATED"
-  | "FORBIDDEN";
+  | "FORBIDDEN"
+  | "NOT_ROUTABLE";
 
 const BRAND = "@softcrum/core:error";
 
@@ -86,6 +87,22 @@ export class RateLimitedError extends SoftcrumError {
 export class OpsError extends SoftcrumError {
   constructor(code: "INVALID_INPUT" | "NOT_FOUND" | "CONFLICT" | "UNAUTHENTICATED" | "FORBIDDEN", message: string) {
     super(code, message);
+  }
+}
+
+/**
+ * A replay the operator tooling cannot deliver to its consumer: no transport
+ * here knows the letter's queue and consumer (not in the replay registry), or
+ * the only transport is in-process and that consumer does not run in this
+ * process. The letter stays `pending_review`.
+ */
+export class ReplayNotRoutableError extends SoftcrumError {
+  constructor(
+    readonly queue: string,
+    readonly consumer: string,
+    reason: string,
+  ) {
+    super("NOT_ROUTABLE", `cannot route a replay to consumer "${consumer}" of queue "${queue}": ${reason}`);
   }
 }
 

@@ -43,6 +43,30 @@ export interface QueuePort {
   schedule(queue: string, payload: Envelope, runAt: Date): Promise<PublishReceipt>;
 }
 
+/**
+ * An adapter's replay lane (SPEC §5: replay capacity apart from live
+ * traffic): per consumer, a separate queue/topic the same consumer definition
+ * reads with its own concurrency, so replays never take live slots.
+ */
+export interface ReplayLanePort {
+  /**
+   * Publishes `body` — a dead letter's payload, the bytes exactly as received,
+   * never re-serialized — on the replay lane of `targetConsumer` of `queue`.
+   * It is delivered with `Delivery.replay` and `Delivery.targetConsumer` set.
+   */
+  publishReplay(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string },
+  ): Promise<PublishReceipt>;
+  /**
+   * In-process transports only: whether `consumer` of `queue` is subscribed in
+   * this process (a replay published where nobody reads it never runs).
+   * Hosted transports leave it out: a registry of routes says what exists.
+   */
+  hasConsumer?(queue: string, consumer: string): boolean;
+}
+
 /** One delivery of one message, as a transport hands it to a consumer. */
 export interface Delivery {
   /** The message body as received: the raw text or bytes, or a value the transport already decoded. */

@@ -1,6 +1,7 @@
 /** Test wiring: the Vercel adapter, through the real SDK, against the fake server. */
 import {
   createVercelQueue,
+  toVercelReplayTopic,
   toVercelTopic,
   type VercelQueue,
   type VercelQueueOptions,
@@ -52,14 +53,17 @@ export async function vercelHarness(
           ...(retryAfterSeconds !== undefined ? { retryAfterSeconds } : {}),
           ...(maxDeliveries !== undefined ? { maxDeliveries } : {}),
         };
-        fake.subscribePush(toVercelTopic(consumer.queue), queue.pushHandler(consumer, trigger), {
-          group: `route_${toVercelTopic(consumer.name)}`,
-          ...trigger,
-        });
+        const route = queue.pushHandler(consumer, trigger);
+        const subscription = { group: `route_${toVercelTopic(consumer.name)}`, ...trigger };
+        fake.subscribePush(toVercelTopic(consumer.queue), route, subscription);
+        // The same route's second trigger: the consumer's replay topic (#10 item 3).
+        fake.subscribePush(toVercelReplayTopic(consumer.queue, consumer.name), route, subscription);
       } else {
         polled.push(consumer);
         if (maxDeliveries !== undefined) {
           fake.setMaxDeliveries(toVercelTopic(consumer.queue), toVercelTopic(consumer.name), maxDeliveries);
+          const replays = toVercelReplayTopic(consumer.queue, consumer.name);
+          fake.setMaxDeliveries(replays, toVercelTopic(consumer.name), maxDeliveries);
         }
       }
     },

@@ -34,7 +34,8 @@ beforeEach(async () => {
   await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters, core.replay_batches, core.replay_batch_items, core.ops_audit cascade`;
   queue = createMemoryQueue();
   queue.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger }));
-  ops = createOps({ db: pg.db, queue, batchPolicy: { approvalThreshold: 0 } });
+  // Every batch awaits approval; direct replays keep the default threshold.
+  ops = createOps({ db: pg.db, queue, approvalThreshold: 100, batchPolicy: { approvalThreshold: 0 } });
   handle = createOpsHandler({
     ops,
     authorize: jwtAuthorizer({ secret: SECRET }),

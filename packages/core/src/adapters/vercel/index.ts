@@ -43,6 +43,7 @@ import type {
   PublishOptions,
   PublishReceipt,
   QueuePort,
+  ReplayLanePort,
 } from "../../queue-port.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
 
@@ -130,6 +131,12 @@ export interface VercelWorkerOptions {
   /** Wait after a failed receive (network, 5xx, auth) before asking again. @default 5_000 */
   readonly errorDelayMs?: number;
   /**
+   * Lanes receiving the consumer's replay topic (`toVercelReplayTopic`), apart
+   * from `concurrency`: replays never take live lanes (SPEC §5). 0 starts
+   * none (another worker or a route serves the replay topic). @default 1
+   */
+  readonly replayConcurrency?: number;
+  /**
    * The consumer group's delivery cap, if the service applies one to poll
    * consumers (undocumented; `vercel dev` drops at 32). Must be at least
    * the consumer's `maxAttempts + 2`. @default DEFAULT_MAX_DELIVERIES
@@ -214,11 +221,16 @@ export interface VercelRouteOptions {
   readonly retryAfterSeconds?: number;
 }
 
-export interface VercelQueue extends QueuePort {
+export interface VercelQueue extends QueuePort, ReplayLanePort {
   readonly region: string;
   /** How long the service may hold a message (its retention), for the fence cleanup's `transportHoldMs`. */
   readonly transportHoldMs: number;
-  /** A route handler (`export const POST = …`) delivering a vercel.json trigger's messages to `consumer`. */
+  /**
+   * A route handler (`export const POST = …`) delivering a vercel.json
+   * trigger's messages to `consumer`: those of its queue's topic, and those of
+   * its replay topic (`toVercelReplayTopic`) — give the replay topic its own
+   * trigger (with its own concurrency) on the same route.
+   */
   pushHandler(consumer: BoundConsumer, route?: VercelRouteOptions): (request: Request) => Promise<Response>;
   /** Starts a poll loop delivering `consumer`'s queue (consumer group = its mapped name) until `stop()`. */
   startWorker(consumer: BoundConsumer, options?: VercelWorkerOptions): VercelWorker;
@@ -260,6 +272,16 @@ export function toVercelTopic(name: string): string {
     }
   }
   return out;
+}
+
+/**
+ * The replay topic of one consumer of a queue (#10 item 3): replays travel
+ * apart from live traffic, on a topic only that consumer reads, with the
+ * letter's bytes unwrapped. `_R` never occurs in a name `toVercelTopic` makes,
+ * so no queue's topic can collide with a replay topic.
+ */
+export function toVercelReplayTopic(queue: string, consumer: string): string {
+  return `${toVercelTopic(queue)}_R${toVercelTopic(consumer)}`;
 }
 
 /** The inverse of `toVercelTopic`. Throws `InvalidConfigError` for a topic it did not make. */
@@ -645,7 +667,10 @@ class NotAcknowledged extends Error {
 /** One consumer bound to one delivery mode: what its deliveries need to know. */
 interface Lane {
   readonly consumer: BoundConsumer;
+  /** The topic this lane receives: the queue's, or the consumer's replay topic. */
   readonly topic: string;
+  /** The consumer's replay topic: what arrives there is a replay for it (#10 item 3). */
+  readonly replayTopic: string;
   /** Poll: the consumer's mapped name; push: the group the callback names. */
   readonly group: string;
   readonly api: LeaseApi;
@@ -680,7 +705,7 @@ class VercelQueueAdapter implements VercelQueue {
   readonly #onIncident: ((incident: VercelIncident) => void) | undefined;
   readonly #metrics: Pick<MetricsPort, "transportIncident"> | undefined;
   readonly #listeners = new Set<(event: VercelDeliveryEvent) => void>();
-  readonly #workers = new Set<PollWorker>();
+  readonly #workers = new Set<PollWorker | CombinedWorker>();
   readonly #incidents = new Map<string, number>();
   #closed = false;
 
@@ -769,6 +794,24 @@ class VercelQueueAdapter implements VercelQueue {
     return this.publish(queue, payload, { delayMs: Math.max(0, runAt.getTime() - this.#clock.now()) });
   }
 
+  async publishReplay(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string },
+  ): Promise<PublishReceipt> {
+    if (this.#closed) throw new QueueClosedError();
+    const topic = toVercelReplayTopic(queue, opts?.targetConsumer);
+    // The letter's bytes as they are: on the consumer's own replay topic the
+    // message needs no wrapper to say whom it is for, or that it is a replay.
+    const bytes = typeof body === "string" ? Buffer.from(body, "utf8") : body;
+    if (bytes.byteLength > this.#maxBodyBytes) {
+      throw new InvalidEnvelopeError([
+        `the payload is ${bytes.byteLength} bytes; Vercel Queues carries at most ${this.#config.maxMessageBytes} bytes per message, less ${WRAPPER_RESERVE_BYTES} kept for the adapter's wrapper (deferrals)`,
+      ]);
+    }
+    return this.#send(topic, bytes, 0, undefined);
+  }
+
   /**
    * Sends a wrapper with a delay; a delay longer than one message can carry
    * is sent as far as it can go, with `not_before`, and the consumer that
@@ -829,7 +872,7 @@ class VercelQueueAdapter implements VercelQueue {
     } catch (error) {
       return Response.json({ error: describeError(error) }, { status: 400 });
     }
-    if (callback.queueName !== bound.topic) {
+    if (callback.queueName !== bound.topic && callback.queueName !== bound.replayTopic) {
       // A trigger pointing at the wrong route: never acknowledge what nobody processed.
       const message = `route bound to ${bound.consumer.queue} (topic ${bound.topic}) got a message of topic ${callback.queueName}; check vercel.json`;
       this.#logger.error(message);
@@ -837,7 +880,7 @@ class VercelQueueAdapter implements VercelQueue {
     }
     // Follow-up calls go to the region the message lives in.
     const api = callback.region ? bound.api.withRegion(callback.region) : bound.api;
-    const lane: Lane = { ...bound, api, group: callback.consumerGroup };
+    const lane: Lane = { ...bound, api, topic: callback.queueName, group: callback.consumerGroup };
     let outcome: Outcome;
     try {
       if ("receiptHandle" in callback) {
@@ -888,21 +931,38 @@ class VercelQueueAdapter implements VercelQueue {
   startWorker(consumer: BoundConsumer, options: VercelWorkerOptions = {}): VercelWorker {
     if (this.#closed) throw new QueueClosedError();
     const lane = this.#bindLane(consumer, "poll", options.maxDeliveries);
-    const worker = new PollWorker(
-      () => this.#receiveOne(lane),
-      {
-        concurrency: positiveInteger(options.concurrency ?? 4, "concurrency"),
-        idleDelayMs: nonNegative(options.idleDelayMs ?? 1_000, "idleDelayMs"),
-        errorDelayMs: nonNegative(options.errorDelayMs ?? 5_000, "errorDelayMs"),
-        authAlertAfter: positiveInteger(options.authAlertAfter ?? 3, "authAlertAfter"),
-        maxAuthFailures: positiveInteger(options.maxAuthFailures ?? 20, "maxAuthFailures"),
-      },
-      this.#clock,
-      (kind, message, alert) =>
-        this.#incident({ kind, queue: consumer.queue, consumer: consumer.name, message, alert }),
-      this.#logger,
+    const settings = {
+      idleDelayMs: nonNegative(options.idleDelayMs ?? 1_000, "idleDelayMs"),
+      errorDelayMs: nonNegative(options.errorDelayMs ?? 5_000, "errorDelayMs"),
+      authAlertAfter: positiveInteger(options.authAlertAfter ?? 3, "authAlertAfter"),
+      maxAuthFailures: positiveInteger(options.maxAuthFailures ?? 20, "maxAuthFailures"),
+    };
+    const replayLanes = nonNegative(options.replayConcurrency ?? 1, "replayConcurrency");
+    const poll = (from: Lane, concurrency: number, label: string) =>
+      new PollWorker(
+        () => this.#receiveOne(from),
+        { ...settings, concurrency },
+        this.#clock,
+        (kind, message, alert) =>
+          this.#incident({ kind, queue: consumer.queue, consumer: consumer.name, message, alert }),
+        this.#logger,
+        label,
+      );
+    const live = poll(
+      lane,
+      positiveInteger(options.concurrency ?? 4, "concurrency"),
       `${consumer.name} on ${consumer.queue}`,
     );
+    // Replays on lanes of their own: they never take a live lane (SPEC §5).
+    const replays =
+      replayLanes > 0
+        ? poll(
+            { ...lane, topic: lane.replayTopic },
+            positiveInteger(replayLanes, "replayConcurrency"),
+            `${consumer.name} replays on ${consumer.queue}`,
+          )
+        : undefined;
+    const worker = replays ? new CombinedWorker([live, replays]) : live;
     this.#workers.add(worker);
     void worker.done.finally(() => this.#workers.delete(worker));
     return worker;
@@ -916,12 +976,12 @@ class VercelQueueAdapter implements VercelQueue {
     const concurrency = positiveInteger(options.concurrency ?? 1, "concurrency");
     let delivered = 0;
     let failure: { error: unknown } | undefined;
-    const run = async () => {
+    const run = async (from: Lane) => {
       // Every lane stops at the first failure, so none keeps receiving after this call returned.
       while (!failure) {
         let outcome: "delivered" | "empty";
         try {
-          outcome = await this.#receiveOne(lane);
+          outcome = await this.#receiveOne(from);
         } catch (error) {
           // A delivery that is left unacknowledged still counts; the lease brings it back.
           if (!(error instanceof NotAcknowledged)) {
@@ -934,7 +994,9 @@ class VercelQueueAdapter implements VercelQueue {
         delivered += 1;
       }
     };
-    await Promise.allSettled(Array.from({ length: concurrency }, run));
+    await Promise.allSettled(Array.from({ length: concurrency }, () => run(lane)));
+    // Then the consumer's replays, one at a time: their own lane, after live traffic.
+    if (!failure) await run({ ...lane, topic: lane.replayTopic });
     // A one-shot caller (a cron function) may end once this resolves.
     await this.#flushAlerts(consumer);
     if (failure) throw failure.error;
@@ -1022,6 +1084,7 @@ class VercelQueueAdapter implements VercelQueue {
     return {
       consumer,
       topic,
+      replayTopic: toVercelReplayTopic(consumer.queue, consumer.name),
       group,
       api: this.#api,
       mode,
@@ -1218,7 +1281,10 @@ class VercelQueueAdapter implements VercelQueue {
     const now = this.#clock.now();
     const attemptsBefore = wrapper?.attemptsSpent ?? 0;
     const deferrals = wrapper?.deferrals ?? 0;
-    const replay = wrapper?.replay === true;
+    // The consumer's replay topic carries only replays for it (a deferral of
+    // one is republished there, keeping the lane).
+    const replayLane = lane.topic === lane.replayTopic;
+    const replay = wrapper?.replay === true || replayLane;
     const dueAt = wrapper?.dueAt ?? message.createdAt.getTime();
     const carried: WrapperHead = {
       consumer: consumer.name,
@@ -1257,7 +1323,7 @@ class VercelQueueAdapter implements VercelQueue {
       deliveryCount,
       messageId: message.messageId,
       dueAt,
-      ...(wrapper?.consumer !== undefined ? { targetConsumer: wrapper.consumer } : {}),
+      ...(wrapper?.consumer !== undefined || replayLane ? { targetConsumer: consumer.name } : {}),
       ...(deferrals > 0 ? { deferrals } : {}),
       ...(replay ? { replay: true } : {}),
     };
@@ -1612,6 +1678,36 @@ class PollWorker implements VercelWorker {
       const timer = setTimeout(wake, ms);
       this.#wakers.add(wake);
     });
+  }
+}
+
+/** A worker's live and replay poll loops, seen as one worker. */
+class CombinedWorker implements VercelWorker {
+  readonly done: Promise<void>;
+  readonly failed: Promise<Error>;
+  readonly #parts: readonly PollWorker[];
+
+  constructor(parts: readonly PollWorker[]) {
+    this.#parts = parts;
+    this.done = Promise.all(parts.map((p) => p.done)).then(() => {});
+    this.failed = Promise.race(parts.map((p) => p.failed));
+    // One loop that can no longer receive fails the worker: the others stop too.
+    void this.failed.then(() => this.stop());
+  }
+
+  get inFlight(): number {
+    return this.#parts.reduce((sum, p) => sum + p.inFlight, 0);
+  }
+
+  health(): VercelWorkerHealth {
+    // The worst of its loops: one that cannot receive is the worker's state.
+    const order = ["failed", "degraded", "running", "stopped"] as const;
+    const all = this.#parts.map((p) => p.health());
+    return all.reduce((worst, h) => (order.indexOf(h.state) < order.indexOf(worst.state) ? h : worst));
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.#parts.map((p) => p.stop()));
   }
 }
 

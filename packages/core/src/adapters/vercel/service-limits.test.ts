@@ -354,6 +354,7 @@ describe("a poll worker never stalls silently (#11 item 6)", () => {
     });
     const worker = stale.startWorker(bind(pointsConsumer()), {
       concurrency: 1,
+      replayConcurrency: 0, // one loop, so the incidents can be counted exactly
       errorDelayMs: 1,
       authAlertAfter: 2,
       maxAuthFailures: 4,

@@ -456,7 +456,7 @@ describe("push mode (route handler)", () => {
     expect(directives(h).map((c) => c.method)).toEqual(["PATCH", "PATCH", "PATCH", "PATCH", "DELETE"]);
 
     broken = false;
-    const ops = createOps({ db: pg.db, queue: h.queue });
+    const ops = createOps({ db: pg.db, queue: h.queue, routes: [{ queue: consumer.queue, consumer: consumer.name }] });
     const report = await ops.deadLetters.replay([letter?.id as string], { operator: "ana", reason: "partner back" });
     expect(report.counts).toEqual({ replayed: 1 });
     const replay = h.fake.sends.at(-1);
