@@ -36,6 +36,7 @@ import { createMemoryQueue, type MemoryQueue } from "@softcrum/core/adapters/mem
 import type {
   VercelQueue,
   VercelQueueOptions,
+  VercelTrigger,
   VercelWorker,
   VercelWorkerOptions,
 } from "@softcrum/core/adapters/vercel";
@@ -48,6 +49,12 @@ import {
   type NotifyPartnerOptions,
 } from "./award-points.ts";
 import { loyaltyMigrations } from "./migrations.ts";
+import { LOYALTY_POOL_SIZE, loyaltyTriggers } from "./vercel-triggers.ts";
+
+const routeOptions = (trigger: VercelTrigger) => ({
+  maxDeliveries: trigger.maxDeliveries,
+  retryAfterSeconds: trigger.retryAfterSeconds,
+});
 
 export type LoyaltyTransport = "memory" | "vercel";
 
@@ -140,6 +147,7 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
   const notifyPartner = bindConsumer(notifyConsumer, deps);
   const consumers = [awardConsumer, notifyConsumer];
   if (vercel) {
+    const triggers = loyaltyTriggers({ awardPoints: awardConsumer, notifyPartner: notifyConsumer });
     return {
       transport: "vercel",
       db,
@@ -149,8 +157,9 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
       notifyPartner,
       outboxRelay,
       queue: vercel,
-      awardPointsRoute: vercel.pushHandler(awardPoints),
-      notifyPartnerRoute: vercel.pushHandler(notifyPartner),
+      // The adapter must know each route's trigger (its delivery cap) to dead-letter before the service drops.
+      awardPointsRoute: vercel.pushHandler(awardPoints, routeOptions(triggers.awardPoints.trigger)),
+      notifyPartnerRoute: vercel.pushHandler(notifyPartner, routeOptions(triggers.notifyPartner.trigger)),
       startAwardPointsWorker: (workerOptions) => vercel.startWorker(awardPoints, workerOptions),
       startNotifyPartnerWorker: (workerOptions) => vercel.startWorker(notifyPartner, workerOptions),
       async close() {
@@ -202,6 +211,8 @@ async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
   return createVercelQueue({
     ...(options.clock ? { clock: options.clock } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
+    // Failed acknowledgements, lost leases, rescues and auth failures are counted (softcrum.transport.incident).
+    ...(options.metrics ? { metrics: options.metrics } : {}),
     ...options.vercel,
   });
 }
@@ -209,7 +220,8 @@ async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
 async function openPostgres(url: string) {
   const { default: postgres } = await import("postgres");
   const { drizzle } = await import("drizzle-orm/postgres-js");
-  const client = postgres(url, { max: 10, onnotice: () => {} });
+  // The routes' trigger concurrency is sized against this pool (vercel-triggers.ts).
+  const client = postgres(url, { max: LOYALTY_POOL_SIZE, onnotice: () => {} });
   // A few catalog reads on the pool: every start (a Vercel cold start too) checks, none migrates.
   try {
     await assertMigrated(postgresJsSession(client), [coreMigrations, loyaltyMigrations]);

@@ -1,45 +1,52 @@
 /**
- * What the operator CLI (`pnpm ops`) runs with for this module: the module's
- * database and the queue its replays go to. With the in-process adapter the
- * module's consumers run inside the CLI process, so a replay is consumed
- * before the CLI exits; with a hosted queue the deployed consumers take it.
+ * What the loyalty module contributes to the operator tooling (`pnpm ops`,
+ * Softcrum Ops): the replay routes of its consumers, so that the tooling's
+ * registry knows its letters are replayable, and — for local runs with no
+ * hosted queue — a way to run its consumers inside the tooling's process.
  *
- * LOYALTY_CLOSED_CUSTOMERS (comma-separated customer ids) keeps rejecting
- * those customers, e.g. to rehearse a replay that fails again.
+ * A new module does the same: export a `ReplayModule` with
+ * `consumers.map(replayRouteOf)` and add it to the tooling's list of modules
+ * (`apps/ops/src/composition.ts`). In production the replays go out on Vercel
+ * Queues, to each consumer's replay topic, which the module's deployed route
+ * serves (a second trigger); locally, without `runInProcess`, its letters are
+ * refused rather than published where nobody reads them.
+ *
+ * In-process, the partner is a stand-in that accepts every notification
+ * (there is no partner service on a laptop); LOYALTY_CLOSED_CUSTOMERS
+ * (comma-separated customer ids) keeps rejecting those customers, e.g. to
+ * rehearse a replay that fails again.
  */
-import type { AnyPgDatabase, QueuePort } from "@softcrum/core";
-import type { PartnerNotifier } from "./award-points.ts";
+import { type ReplayModule, replayRouteOf } from "@softcrum/core/ops";
+import { createAwardPointsConsumer, createNotifyPartnerConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule } from "./composition-root.ts";
 
-export interface OpsBinding {
-  readonly db: AnyPgDatabase;
-  readonly queue: QueuePort;
-  /** Lets in-flight replays finish, then closes the queue and the database. */
-  close(): Promise<void>;
-}
-
-/** Stands in for the partner statement service: it accepts every notification. */
+/** Stands in for the partner statement service in local runs: it accepts every notification. */
 const acceptingPartner: PartnerNotifier = { pointsAwarded: async () => {} };
 
-export async function createOpsBinding(options: { databaseUrl: string }): Promise<OpsBinding> {
-  const closed = (process.env["LOYALTY_CLOSED_CUSTOMERS"] ?? "")
-    .split(",")
-    .map((s) => s.trim())
-    .filter(Boolean);
-  const module = await createLoyaltyModule({
-    databaseUrl: options.databaseUrl,
-    notifier: acceptingPartner,
-    closedCustomers: new Set(closed),
-    logger: { warn: () => {}, error: (message) => console.error(message) },
-  });
-  return {
-    db: module.db,
-    queue: module.queue,
-    async close() {
-      // In-process: the module's consumers run here, let the replays finish
-      // (and the partner notifications their credits wrote to the outbox).
-      if (module.transport === "memory") await module.settle();
-      await module.close();
-    },
-  };
-}
+export const loyaltyOps: ReplayModule = {
+  name: "loyalty",
+  // Consumer definitions only: nothing is opened to list them.
+  routes: [createAwardPointsConsumer(), createNotifyPartnerConsumer({ notifier: acceptingPartner })].map(replayRouteOf),
+  async runInProcess({ databaseUrl }) {
+    const closed = (process.env["LOYALTY_CLOSED_CUSTOMERS"] ?? "")
+      .split(",")
+      .map((s) => s.trim())
+      .filter(Boolean);
+    const module = await createLoyaltyModule({
+      databaseUrl,
+      transport: "memory",
+      notifier: acceptingPartner,
+      closedCustomers: new Set(closed),
+      logger: { warn: () => {}, error: (message) => console.error(message) },
+    });
+    return {
+      lanes: module.queue,
+      async close() {
+        // The consumers run here: let the replays finish (and the partner
+        // notifications their credits wrote to the outbox), then close.
+        await module.settle();
+        await module.close();
+      },
+    };
+  },
+};

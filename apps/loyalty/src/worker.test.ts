@@ -1,7 +1,11 @@
 import { once } from "node:events";
 import { fileURLToPath } from "node:url";
+import { createEnvelope } from "@softcrum/core";
+import { toVercelTopic } from "@softcrum/core/adapters/vercel";
 import { runScript, startScript, useTestDatabase } from "@softcrum/testing";
 import { beforeEach, describe, expect, test } from "vitest";
+import { startFakeVercelQueues } from "../../../packages/core/test/fake-vercel-queues.ts";
+import { AWARD_POINTS_QUEUE } from "./award-points.ts";
 import { startLoyaltyWorker } from "./worker.ts";
 
 const pg = useTestDatabase("loyalty-worker");
@@ -53,6 +57,56 @@ describe("the loyalty worker's maintenance", () => {
         cleanupEveryMs: 1000,
       }),
     ).rejects.toThrow(/too short for consumer "loyalty\.award-points"/);
+  });
+
+  test("with Vercel Queues it refuses to start without the fixed region it polls (#11 item 3)", async () => {
+    const saved = process.env["SOFTCRUM_QUEUE_REGION"];
+    delete process.env["SOFTCRUM_QUEUE_REGION"];
+    try {
+      await expect(
+        startLoyaltyWorker({
+          databaseUrl: pg.url,
+          notifier: { pointsAwarded: async () => {} },
+          transport: "vercel",
+          vercel: { token: "t", env: { VERCEL_REGION: "iad1" } },
+          fenceTtlMs: 8 * DAY,
+          cleanupEveryMs: 60_000,
+        }),
+      ).rejects.toThrow(/set SOFTCRUM_QUEUE_REGION/);
+    } finally {
+      if (saved !== undefined) process.env["SOFTCRUM_QUEUE_REGION"] = saved;
+    }
+  });
+
+  test("with Vercel Queues it polls its topics unpinned in its fixed region, from the oldest message (#11 items 3, 6)", async () => {
+    const fake = await startFakeVercelQueues({ deployments: "strict", cursorDefault: "latest" });
+    const job = createEnvelope({
+      tenantId: "acme",
+      kind: "points.award.v1",
+      data: { customerId: "c-poll", points: 5, reason: "purchase" },
+    });
+    // Sent before the worker's consumer group exists, unpinned, to the region it polls.
+    fake.inject(toVercelTopic(AWARD_POINTS_QUEUE), JSON.stringify(job), { region: "fra1" });
+    const worker = await startLoyaltyWorker({
+      databaseUrl: pg.url,
+      notifier: { pointsAwarded: async () => {} },
+      transport: "vercel",
+      vercel: { ...fake.clientOptions("fra1"), env: {} },
+      fenceTtlMs: 8 * DAY,
+      cleanupEveryMs: 60_000,
+    });
+    try {
+      const credited = async () =>
+        (await pg.sql<{ n: number }[]>`select count(*)::int as n from loyalty.ledger where job_id = ${job.job_id}`)[0]
+          ?.n;
+      const until = Date.now() + 20_000;
+      while ((await credited()) !== 1 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      expect(await credited()).toBe(1);
+      expect(fake.receives.every((r) => r.region === "fra1" && r.deploymentId === null)).toBe(true);
+    } finally {
+      await worker.stop();
+      await fake.close();
+    }
   });
 
   test("the one-shot command reports in a dry run, then deletes", async () => {

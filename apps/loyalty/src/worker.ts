@@ -11,12 +11,17 @@
  * FENCE_TTL_HOURS (default 192 = 8 days) and FENCE_CLEANUP_EVERY_MINUTES
  * (default 15) tune the cleanup; a TTL shorter than twice a consumer's retry
  * window plus its deferral horizon (12 h by default; plus, on Vercel Queues,
- * the 7 days it may hold a message) is refused at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topics.
+ * the 7 days it may hold a message) is refused at start. With SOFTCRUM_QUEUE=vercel the worker polls the module's topics
+ * in the fixed region SOFTCRUM_QUEUE_REGION (not VERCEL_REGION: a message is consumed only in the region it was sent
+ * to), unpinned (ADR 0009); its publishes go there unpinned too.
  * It also runs the outbox relay, which publishes the partner notifications
  * the credits committed (several workers may run it at once).
  * It runs until SIGINT or SIGTERM, then stops gracefully and exits 0 (a
  * second signal exits at once, with 1).
  */
+
+import { InvalidConfigError } from "@softcrum/core";
+import type { VercelQueueOptions } from "@softcrum/core/adapters/vercel";
 import {
   type CleanupReport,
   checkFenceTtl,
@@ -30,6 +35,21 @@ import postgres from "postgres";
 import { createAwardPointsConsumer, createNotifyPartnerConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule, type LoyaltyModule } from "./composition-root.ts";
 
+/**
+ * A poll worker consumes in one fixed region, unpinned: a message is consumed
+ * only in the region it was sent to, and a pinned poller strands every other
+ * deployment's messages (ADR 0009). Its own publishes follow the same rule.
+ */
+function pollingVercelOptions(options: WorkerOptions): VercelQueueOptions {
+  const region = options.vercel?.region ?? process.env["SOFTCRUM_QUEUE_REGION"];
+  if (!region) {
+    throw new InvalidConfigError(
+      "SOFTCRUM_QUEUE=vercel: the worker polls Vercel Queues and needs the fixed region its producers send to: set SOFTCRUM_QUEUE_REGION (e.g. iad1), not VERCEL_REGION",
+    );
+  }
+  return { deploymentId: null, ...options.vercel, region };
+}
+
 export interface WorkerOptions {
   readonly databaseUrl?: string | null;
   readonly notifier: PartnerNotifier;
@@ -38,10 +58,18 @@ export interface WorkerOptions {
   readonly fenceTtlMs: number;
   readonly cleanupEveryMs: number;
   readonly onCleanup?: (report: CleanupReport) => void;
+  /** Vercel Queues settings (with SOFTCRUM_QUEUE=vercel). @default region SOFTCRUM_QUEUE_REGION, unpinned */
+  readonly vercel?: VercelQueueOptions;
 }
 
 export interface LoyaltyWorker {
   readonly module: LoyaltyModule;
+  /**
+   * Resolves with the reason if a Vercel poll worker fails (auth failures past
+   * its limit: an expired OIDC token is renewed only by a linked Vercel CLI);
+   * never with the in-process transport.
+   */
+  readonly failed: Promise<Error>;
   stop(): Promise<void>;
 }
 
@@ -50,7 +78,9 @@ const VERCEL_HOLD_MS = 604_800_000;
 
 export async function startLoyaltyWorker(options: WorkerOptions): Promise<LoyaltyWorker> {
   const transport = options.transport ?? (process.env["SOFTCRUM_QUEUE"] === "vercel" ? "vercel" : "memory");
-  const transportHoldMs = transport === "vercel" ? VERCEL_HOLD_MS : 0;
+  const vercelOptions = transport === "vercel" ? pollingVercelOptions(options) : undefined;
+  // The fence TTL must cover the retention the adapter asks for (a message may come back that late).
+  const transportHoldMs = vercelOptions ? (vercelOptions.retentionSeconds ?? VERCEL_HOLD_MS / 1000) * 1000 : 0;
   // Checked first: a TTL a late retry could outlive stops the worker before it opens or consumes anything.
   checkFenceTtl({
     ttlMs: options.fenceTtlMs,
@@ -76,6 +106,7 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   const module = await createLoyaltyModule({
     ...(options.databaseUrl !== undefined ? { databaseUrl: options.databaseUrl } : {}),
     transport,
+    ...(vercelOptions ? { vercel: vercelOptions } : {}),
     notifier: options.notifier,
     metrics,
     ...(alerts ? { alerts } : {}),
@@ -102,6 +133,7 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   module.outboxRelay.start();
   return {
     module,
+    failed: Promise.race(pollers.map((poller) => poller.failed)),
     async stop() {
       await Promise.all(pollers.map((poller) => poller.stop()));
       await schedule.stop();
@@ -154,4 +186,10 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   };
   process.on("SIGINT", shutdown);
   process.on("SIGTERM", shutdown);
+  // A worker that can no longer receive must not look alive: stop and exit 1, so it is restarted and seen.
+  void worker.failed.then((error) => {
+    console.error(`loyalty worker: ${error.message}`);
+    stopping = true;
+    void worker.stop().finally(() => process.exit(1));
+  });
 }

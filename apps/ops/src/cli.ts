@@ -1,20 +1,30 @@
 /**
- * `pnpm ops …`: the operator CLI for dead letters and replay batches.
- * Needs DATABASE_URL; mutating commands need an operator (--operator or
- * SOFTCRUM_OPERATOR). Human tables by default, --json for scripts.
+ * `pnpm ops …` (or the `softcrum-ops` bin): the operator CLI for dead letters
+ * and replay batches. Needs DATABASE_URL. Human tables by default, fitted to
+ * the terminal (`--wide` for whole cells); `--json` for scripts (`batch run
+ * --json` streams NDJSON events).
+ *
+ * Who acts is the database role DATABASE_URL logs in as (`session_user`),
+ * proven by the database's authentication; there is no `--operator`. One
+ * person cannot approve their own batch under another name: they would need
+ * another person's database credential (ADR 0003, the runbook's "Database roles").
  * SOFTCRUM_OPS_APPROVAL_THRESHOLD: batches selecting more letters than this
  * need a second operator's approval (default 100; it can only be lowered).
- * The operator name is declared, not proven: the CLI's authority is the
- * database credential in DATABASE_URL. Where identity must be proven, use
- * the HTTP handlers, which take the operator from a verified token.
  *
- * Exit codes: 0 done; 1 unexpected failure; 2 bad input (filter, missing
- * reason or operator, more ids than a direct replay takes); 3 not found (none
- * of the ids exists); 4 refused (the state or a rule forbids it:
- * awaiting approval, approving your own batch); 5 partly done (some ids not acted on, or the batch ended without
- * completing: paused, stopped or expired).
+ * No command migrates or creates anything: a database that is not reachable,
+ * does not exist, has no Softcrum tables or refuses the role a privilege is a
+ * one-line error naming the cause (exit 1).
+ *
+ * Exit codes: 0 done; 1 unexpected failure or an unusable database; 2 bad
+ * input (a flag, a missing reason, more ids than a direct replay takes);
+ * 3 not found (none of the ids exists); 4 refused (the state or a rule forbids
+ * it: awaiting approval, approving your own batch, a letter already replayed
+ * or that no transport here can deliver to its consumer); 5 partly done (some ids not
+ * acted on, or the batch ended without completing: paused, stopped or expired).
  */
-import { isSoftcrumError } from "@softcrum/core";
+import { realpathSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import { isSoftcrumError, type QueuePort } from "@softcrum/core";
 import {
   type ActionReport,
   type BatchView,
@@ -25,10 +35,29 @@ import {
   MIN_AUDIT_RETENTION_DAYS,
   type Ops,
 } from "@softcrum/core/ops";
-import { createOpsBinding } from "@softcrum/example-loyalty/ops-binding";
 import { SingleBar } from "cli-progress";
 import { Command, CommanderError, Option } from "commander";
-import { fields, json, table, text } from "./format.ts";
+import { openReplayTransport } from "./composition.ts";
+import {
+  DatabaseProblem,
+  describeTarget,
+  explainDatabaseError,
+  isDatabaseError,
+  type OpsDatabase,
+  openOpsDatabase,
+} from "./database.ts";
+import {
+  age,
+  duration,
+  fields,
+  json,
+  nameFlags,
+  ndjson,
+  phaseOf,
+  prettyPayload,
+  type TableOptions,
+  table,
+} from "./format.ts";
 
 export const EXIT = { ok: 0, failure: 1, usage: 2, notFound: 3, conflict: 4, partial: 5 } as const;
 
@@ -42,19 +71,161 @@ class ExitError extends Error {
 }
 
 interface Context {
-  ops: Ops;
+  readonly ops: Ops;
+  /** The database role this CLI logged in as: who acts. */
+  readonly operator: string;
 }
 
-/** Opens the database and queue once per command, and closes them (letting in-process replays finish). */
-async function withOps<T>(run: (ctx: Context) => Promise<T>): Promise<T> {
+/**
+ * What a command needs: `read` and `write` only the database (nothing is
+ * published); `publish` also the transport replays go out through.
+ */
+type Needs = "read" | "write" | "publish";
+
+/** A transport for commands that never publish: a publish would be a bug, so it fails loudly. */
+const noPublishing: QueuePort = {
+  publish: async () => {
+    throw new Error("this command does not publish");
+  },
+  schedule: async () => {
+    throw new Error("this command does not publish");
+  },
+};
+
+/** The library's field names → the flags of the command running, for error messages. */
+let flagsInUse: Record<string, string> = {};
+/** A name typed with --operator (refused, and audited as an attempt to act as someone). */
+let typedOperator: string | undefined;
+/** The command running, e.g. "batch approve", for the audit of a refused identity. */
+let commandPath = "";
+
+/** Commands that change something: a refusal of one is audited, whichever layer refused it (#10 item 5). */
+const MUTATING = new Set([
+  "dlq replay",
+  "dlq discard",
+  "batch create",
+  "batch approve",
+  "batch pause",
+  "batch resume",
+  "batch stop",
+  "batch run",
+  "audit prune",
+]);
+
+/** Records a refusal the CLI itself made (the library audits its own), under the role logged in. */
+async function auditCliRefusal(
+  database: OpsDatabase,
+  path: string,
+  result: "refused" | "rejected",
+  detail: string,
+  scope: Record<string, unknown> = {},
+) {
+  await createOps({ db: database.db, queue: noPublishing })
+    .deadLetters.audit({
+      operator: database.operator,
+      action: `cli.${path.replaceAll(" ", ".")}`,
+      scope,
+      result,
+      detail,
+    })
+    .catch(() => {});
+}
+
+/**
+ * A mutating command refused before it reached the database (a missing
+ * --reason, an unknown flag): audited when the database can be reached, else
+ * only reported (the usage error is what the operator needs to see).
+ */
+async function auditUsageRefusal(args: string[], detail: string) {
+  const path = args
+    .filter((a) => !a.startsWith("-"))
+    .slice(0, 2)
+    .join(" ");
+  const url = process.env["DATABASE_URL"];
+  if (!MUTATING.has(path) || !url) return;
+  const database = await openOpsDatabase(url).catch(() => undefined);
+  if (!database) return;
+  try {
+    await auditCliRefusal(database, path, "rejected", detail);
+  } finally {
+    await database.close();
+  }
+}
+
+/** Opens the database (checked, never migrated) and, to publish, the transport; closes both. */
+async function withOps(needs: Needs, run: (ctx: Context) => Promise<void>): Promise<void> {
   const databaseUrl = process.env["DATABASE_URL"];
   if (!databaseUrl) throw new ExitError(EXIT.usage, "DATABASE_URL is not set: the CLI works on the module's database");
-  const binding = await createOpsBinding({ databaseUrl });
+  const batchPolicy = batchPolicyFromEnv();
+  const database = await openOpsDatabase(databaseUrl);
   try {
-    return await run({ ops: createOps({ db: binding.db, queue: binding.queue, batchPolicy: batchPolicyFromEnv() }) });
+    const problem = identityProblem(database.operator);
+    if (problem) {
+      // An attempt to act under another name is evidence: audited under the role that made it.
+      await auditCliRefusal(database, commandPath, "refused", problem, {
+        declaredOperator: typedOperator ?? process.env["SOFTCRUM_OPERATOR"],
+      });
+      throw new ExitError(EXIT.usage, problem);
+    }
+    try {
+      await runWith(needs, database, databaseUrl, batchPolicy, run);
+    } catch (error) {
+      // The CLI's own refusals of a mutating command (the library audits those it makes).
+      if (error instanceof ExitError && MUTATING.has(commandPath)) {
+        await auditCliRefusal(database, commandPath, "rejected", error.message);
+      }
+      throw error;
+    }
   } finally {
-    await binding.close();
+    await database.close();
   }
+}
+
+/** Runs a command on the checked database; one that publishes also opens the transport. */
+async function runWith(
+  needs: Needs,
+  database: OpsDatabase,
+  databaseUrl: string,
+  batchPolicy: { approvalThreshold?: number },
+  run: (ctx: Context) => Promise<void>,
+): Promise<void> {
+  if (needs !== "publish") {
+    await run({ ops: createOps({ db: database.db, queue: noPublishing, batchPolicy }), operator: database.operator });
+    return;
+  }
+  // The platform transport and the modules' replay routes (composition.ts): a
+  // letter no transport here can deliver is refused, never "replayed".
+  const transport = await openReplayTransport({ databaseUrl });
+  try {
+    await run({
+      // SOFTCRUM_OPS_APPROVAL_THRESHOLD is a batch setting; direct replays keep
+      // the library's threshold over the rolling window (#10 item 4).
+      ops: createOps({
+        db: database.db,
+        replay: transport.replay,
+        batchPolicy,
+        approvalThreshold: DEFAULT_BATCH_POLICY.approvalThreshold,
+      }),
+      operator: database.operator,
+    });
+  } finally {
+    await transport.close();
+  }
+}
+
+/**
+ * A name typed with --operator or set in SOFTCRUM_OPERATOR is not an identity:
+ * refused when it names anyone but the role logged in (ADR 0003).
+ */
+function identityProblem(operator: string): string | undefined {
+  if (typedOperator !== undefined) {
+    return `--operator is not accepted: the CLI acts as the database role it logs in as ("${operator}"), which the database authenticated; to act as someone else, use their credential, never their name`;
+  }
+  const declared = process.env["SOFTCRUM_OPERATOR"]?.trim();
+  if (declared && declared !== operator) {
+    return `SOFTCRUM_OPERATOR is "${declared}", but the CLI acts as the database role it logs in as, "${operator}": unset SOFTCRUM_OPERATOR, or use your own database credential in DATABASE_URL`;
+  }
+  return undefined;
 }
 
 function batchPolicyFromEnv(): { approvalThreshold?: number } {
@@ -78,11 +249,25 @@ const filterOptions = (command: Command) =>
     .option("--tenant <id>", "only this tenant")
     .option("--kind <kind>", "only this envelope kind")
     .option("--class <errorClass>", "poison | exhausted | permanent | expired")
-    .option("--since <time>", "created at or after (ISO 8601)")
-    .option("--until <time>", "created before (ISO 8601)");
+    .option("--created-after <time>", "created at or after (ISO 8601 with an offset, e.g. 2026-11-29T08:00:00Z)")
+    .option("--created-before <time>", "created before (ISO 8601 with an offset)")
+    .option("--since <time>", "same as --created-after")
+    .option("--until <time>", "same as --created-before");
+
+const FILTER_FLAGS = {
+  queue: "--queue",
+  consumer: "--consumer",
+  tenantId: "--tenant",
+  kind: "--kind",
+  errorClass: "--class",
+  status: "--status",
+  limit: "--limit",
+  cursor: "--cursor",
+};
 
 function filterFrom(o: Record<string, string | undefined>, withStatus = true): DeadLetterFilter {
   const f: Record<string, string> = {};
+  const flags: Record<string, string> = { ...FILTER_FLAGS };
   const put = (key: string, value: string | undefined) => {
     if (value !== undefined) f[key] = value;
   };
@@ -92,34 +277,42 @@ function filterFrom(o: Record<string, string | undefined>, withStatus = true): D
   put("kind", o["kind"]);
   put("errorClass", o["class"]);
   if (withStatus) put("status", o["status"]);
-  put("createdAfter", o["since"]);
-  put("createdBefore", o["until"]);
+  for (const [field, long, short] of [
+    ["createdAfter", "createdAfter", "since"],
+    ["createdBefore", "createdBefore", "until"],
+  ] as const) {
+    const longFlag = `--${field === "createdAfter" ? "created-after" : "created-before"}`;
+    if (o[long] !== undefined && o[short] !== undefined) {
+      throw new ExitError(EXIT.usage, `give ${longFlag} or --${short}, not both (they are the same filter)`);
+    }
+    put(field, o[long] ?? o[short]);
+    // Errors name the flag the operator typed.
+    flags[field] = o[short] !== undefined ? `--${short}` : longFlag;
+  }
+  flagsInUse = { ...flagsInUse, ...flags };
   return f as DeadLetterFilter;
 }
 
-function operatorFrom(o: { operator?: string }): string {
-  const operator = o.operator ?? process.env["SOFTCRUM_OPERATOR"];
-  if (!operator?.trim())
-    throw new ExitError(EXIT.usage, "who is acting? pass --operator NAME or set SOFTCRUM_OPERATOR");
-  return operator;
-}
-
 const out = (line: string) => process.stdout.write(`${line}\n`);
+const view = (o: { wide?: boolean }): TableOptions => (o.wide ? { wide: true } : {});
+const rowsOf = (items: object[]) => items as unknown as Record<string, unknown>[];
 
-function printReport(report: ActionReport, asJson: boolean) {
-  if (asJson) out(json(report));
+function printReport(report: ActionReport, o: { json?: boolean; wide?: boolean }) {
+  if (o.json) out(json(report));
   else {
-    out(table(report.results as unknown as Record<string, unknown>[], ["id", "outcome", "detail"]));
+    out(table(rowsOf(report.results), ["id", "outcome", "detail"], view(o)));
     out(
       Object.entries(report.counts)
         .map(([k, v]) => `${k}: ${v}`)
         .join(", "),
     );
   }
-  // None of the ids exists: "not found"; some not acted on: "partly done".
+  // None of the ids exists: "not found"; none acted on (already replayed,
+  // not routable, not replayable): "refused"; some not acted on: "partly done".
+  const acted = (r: { outcome: string }) => r.outcome === "replayed" || r.outcome === "discarded";
   if (report.results.every((r) => r.outcome === "not_found")) process.exitCode = EXIT.notFound;
-  else if (report.results.some((r) => r.outcome !== "replayed" && r.outcome !== "discarded"))
-    process.exitCode = EXIT.partial;
+  else if (!report.results.some(acted)) process.exitCode = EXIT.conflict;
+  else if (!report.results.every(acted)) process.exitCode = EXIT.partial;
 }
 
 const BATCH_FIELDS = [
@@ -133,7 +326,6 @@ const BATCH_FIELDS = [
   "batchSize",
   "sampleSize",
   "maxFailureRate",
-  "expiresAt",
   "selected",
   "replayed",
   "skipped",
@@ -141,34 +333,59 @@ const BATCH_FIELDS = [
   "failedAgain",
   "unresolved",
   "pending",
-  "createdAt",
-  "startedAt",
-  "endedAt",
+  "created",
+  "ran",
+  "expires",
   "stopReason",
 ];
 
-function printBatch(batch: BatchView, asJson: boolean) {
-  if (asJson) out(json(batch));
-  else out(fields(batch as unknown as Record<string, unknown>, BATCH_FIELDS));
+/** A batch for people: counts, and times as ages and durations. */
+function humanBatch(batch: BatchView, now = Date.now()): Record<string, unknown> {
+  const ended = batch.endedAt?.getTime() ?? now;
+  return {
+    ...batch,
+    created: `${age(batch.createdAt, now)} (${batch.createdAt.toISOString()})`,
+    ran: batch.startedAt
+      ? `${duration(ended - batch.startedAt.getTime())}${batch.endedAt ? "" : " so far"}`
+      : "not yet",
+    expires:
+      batch.expiresAt.getTime() > now
+        ? `in ${duration(batch.expiresAt.getTime() - now)}`
+        : `${age(batch.expiresAt, now)} (expired)`,
+  };
 }
+
+function printBatch(batch: BatchView, o: { json?: boolean; wide?: boolean }) {
+  if (o.json) out(json(batch));
+  else out(fields(humanBatch(batch), BATCH_FIELDS, view(o)));
+}
+
+const COMMON = (command: Command) =>
+  command.option("--json", "JSON output").option("--wide", "print every cell whole (tables are cut to the terminal)");
 
 export function buildProgram(): Command {
   const program = new Command("ops")
-    .description("Review, replay and discard dead letters; run replay batches.")
+    .description(
+      "Review, replay and discard dead letters; run replay batches. Acts as the database role of DATABASE_URL.",
+    )
     .exitOverride()
-    .showHelpAfterError();
+    .showHelpAfterError()
+    .hook("preAction", (_program, action) => {
+      const names: string[] = [];
+      for (let c: Command | null = action; c && c !== _program; c = c.parent) names.unshift(c.name());
+      commandPath = names.join(" ");
+    });
 
   const dlq = program.command("dlq").description("dead letters");
 
-  filterOptions(dlq.command("list").description("list dead letters, newest first"))
+  COMMON(filterOptions(dlq.command("list").description("list dead letters, newest first")))
     .addOption(new Option("--status <status>", "pending_review | replayed | discarded").default("pending_review"))
     .option("--all", "any status (overrides --status)")
     .option("--limit <n>", "rows per page", "50")
     .option("--cursor <id>", "continue after this id (printed at the end of a page)")
     .option("--oldest", "oldest first")
-    .option("--json", "JSON output")
     .action((o) =>
-      withOps(async ({ ops }) => {
+      withOps("read", async ({ ops }) => {
         const filter = filterFrom({ ...o, status: o.all ? undefined : o.status });
         const page = await ops.deadLetters.list(filter, {
           limit: o.limit,
@@ -179,112 +396,122 @@ export function buildProgram(): Command {
           out(json(page));
           return;
         }
+        const now = Date.now();
+        // The columns that tell letters apart; --wide adds the rest, whole.
+        const columns = o.wide
+          ? [
+              "id",
+              "createdAt",
+              "age",
+              "queue",
+              "consumer",
+              "tenantId",
+              "kind",
+              "errorClass",
+              "attempts",
+              "status",
+              "lastError",
+            ]
+          : ["id", "age", "consumer", "tenantId", "errorClass", "attempts", "status", "lastError"];
         out(
-          table(page.items as unknown as Record<string, unknown>[], [
-            "id",
-            "createdAt",
-            "queue",
-            "consumer",
-            "tenantId",
-            "kind",
-            "errorClass",
-            "attempts",
-            "status",
-            "lastError",
-          ]),
+          table(
+            page.items.map((i) => ({ ...i, age: age(i.createdAt, now) })),
+            columns,
+            view(o),
+          ),
         );
         if (page.nextCursor) out(`more: --cursor ${page.nextCursor}`);
       }),
     );
 
-  filterOptions(dlq.command("count").description("count dead letters (pending ones unless --status or --all)"))
+  COMMON(filterOptions(dlq.command("count").description("count dead letters (pending ones unless --status or --all)")))
     .addOption(new Option("--status <status>", "pending_review | replayed | discarded").default("pending_review"))
     .option("--all", "any status (overrides --status)")
-    .option("--json", "JSON output")
     .action((o) =>
-      withOps(async ({ ops }) => {
+      withOps("read", async ({ ops }) => {
         const count = await ops.deadLetters.count(filterFrom({ ...o, status: o.all ? undefined : o.status }));
         out(o.json ? json({ count }) : String(count));
       }),
     );
 
-  dlq
-    .command("show <id>")
-    .description("one dead letter: evidence, payload, related failures, history")
-    .option("--json", "JSON output")
-    .action((id, o) =>
-      withOps(async ({ ops }) => {
+  COMMON(dlq.command("show <id>").description("one dead letter: evidence, payload, related failures, history")).action(
+    (id, o) =>
+      withOps("read", async ({ ops }) => {
         const d = await ops.deadLetters.get(id);
         if (o.json) {
           out(json(d));
           return;
         }
+        const now = Date.now();
         out(
-          fields(d as unknown as Record<string, unknown>, [
-            "id",
-            "status",
-            "queue",
-            "consumer",
-            "jobId",
-            "tenantId",
-            "kind",
-            "correlationId",
-            "errorClass",
-            "attempts",
-            "occurrences",
-            "createdAt",
-            "lastSeenAt",
-            "statusChangedAt",
-            "statusChangedBy",
-            "statusReason",
-            "replayBatchId",
-          ]),
+          fields(
+            { ...d, age: age(d.createdAt, now), lastSeen: age(d.lastSeenAt, now) },
+            [
+              "id",
+              "status",
+              "queue",
+              "consumer",
+              "jobId",
+              "tenantId",
+              "kind",
+              "correlationId",
+              "errorClass",
+              "attempts",
+              "occurrences",
+              "age",
+              "createdAt",
+              "lastSeen",
+              "statusChangedAt",
+              "statusChangedBy",
+              "statusReason",
+              "replayBatchId",
+            ],
+            view(o),
+          ),
         );
         out(`\nlast error:\n  ${d.lastError}`);
-        out(`\npayload (${d.payloadEncoding}, as received):\n  ${d.payloadText}`);
+        out(
+          `\npayload (${d.payloadEncoding}, pretty-printed; --json has it as received):\n${indent(prettyPayload(d.payloadText))}`,
+        );
         if (d.related.length)
           out(
-            `\nrelated failures of this job:\n${table(d.related as unknown as Record<string, unknown>[], ["id", "createdAt", "errorClass", "status", "replayBatchId"])}`,
+            `\nrelated failures of this job:\n${table(rowsOf(d.related), ["id", "createdAt", "errorClass", "status", "replayBatchId"], view(o))}`,
           );
         if (d.history.length)
-          out(
-            `\nhistory:\n${table(d.history as unknown as Record<string, unknown>[], ["at", "operator", "action", "result", "detail"])}`,
-          );
+          out(`\nhistory:\n${table(rowsOf(d.history), ["at", "operator", "action", "result", "detail"], view(o))}`);
         if (d.historyNextCursor) out(`more history: pnpm ops dlq history ${d.id} --cursor ${d.historyNextCursor}`);
       }),
-    );
+  );
 
   for (const verb of ["replay", "discard"] as const) {
-    dlq
-      .command(`${verb} <ids...>`)
-      .description(
-        verb === "replay"
-          ? "republish the original envelope (same job_id); safe: the fence stops a second effect"
-          : "close letters that will never be replayed",
-      )
-      .requiredOption("--reason <text>", "why (recorded)")
-      .option("--operator <name>", "who (default $SOFTCRUM_OPERATOR)")
-      .option("--json", "JSON output")
-      .action((ids: string[], o) =>
-        withOps(async ({ ops }) => {
-          const input = { operator: operatorFrom(o), reason: o.reason };
-          printReport(
-            verb === "replay" ? await ops.deadLetters.replay(ids, input) : await ops.deadLetters.discard(ids, input),
-            o.json,
-          );
-        }),
-      );
+    COMMON(
+      dlq
+        .command(`${verb} <ids...>`)
+        .description(
+          verb === "replay"
+            ? "republish the original envelope (same job_id); safe: the fence stops a second effect"
+            : "close letters that will never be replayed",
+        )
+        .requiredOption("--reason <text>", "why (recorded)"),
+    ).action((ids: string[], o) =>
+      withOps(verb === "replay" ? "publish" : "write", async ({ ops, operator }) => {
+        flagsInUse = { reason: "--reason", ids: "<ids>" };
+        const input = { operator, reason: o.reason };
+        printReport(
+          verb === "replay" ? await ops.deadLetters.replay(ids, input) : await ops.deadLetters.discard(ids, input),
+          o,
+        );
+      }),
+    );
   }
 
-  dlq
-    .command("failed-after-replay")
-    .description("replayed jobs that failed again (the replay-DLQ view), a page at a time")
+  COMMON(dlq.command("failed-after-replay").description("replayed jobs that failed again (the replay-DLQ view)"))
     .option("--batch <id>", "only this batch")
     .option("--limit <n>", "rows per page", "50")
     .option("--cursor <cursor>", "continue from this cursor (printed at the end of a page)")
-    .option("--json", "JSON output")
     .action((o) =>
-      withOps(async ({ ops }) => {
+      withOps("read", async ({ ops }) => {
+        flagsInUse = { limit: "--limit", cursor: "--cursor", "batch id": "--batch" };
         const page = await ops.deadLetters.failedAfterReplay(o.batch ? { batchId: o.batch } : {}, {
           limit: o.limit,
           ...(o.cursor ? { cursor: o.cursor } : {}),
@@ -294,86 +521,81 @@ export function buildProgram(): Command {
           return;
         }
         out(
-          table(page.items as unknown as Record<string, unknown>[], [
-            "id",
-            "createdAt",
-            "batchId",
-            "replayedFrom",
-            "consumer",
-            "errorClass",
-            "lastError",
-          ]),
+          table(
+            rowsOf(page.items),
+            ["id", "createdAt", "batchId", "replayedFrom", "consumer", "errorClass", "lastError"],
+            view(o),
+          ),
         );
         // A page reads a bounded number of replayed letters, so it may be short (even empty) with more to come.
         if (page.nextCursor) out(`more: --cursor ${page.nextCursor}`);
       }),
     );
 
-  dlq
-    .command("history <id>")
-    .description("a letter's audit history, oldest first, a page at a time")
+  COMMON(dlq.command("history <id>").description("a letter's audit history, oldest first, a page at a time"))
     .option("--limit <n>", "rows per page", "50")
     .option("--cursor <id>", "continue after this entry (printed at the end of a page)")
-    .option("--json", "JSON output")
     .action((id, o) =>
-      withOps(async ({ ops }) => {
+      withOps("read", async ({ ops }) => {
+        flagsInUse = { limit: "--limit", cursor: "--cursor" };
         const page = await ops.deadLetters.history(id, { limit: o.limit, ...(o.cursor ? { cursor: o.cursor } : {}) });
         if (o.json) {
           out(json(page));
           return;
         }
-        out(
-          table(page.items as unknown as Record<string, unknown>[], ["at", "operator", "action", "result", "detail"]),
-        );
+        out(table(rowsOf(page.items), ["at", "operator", "action", "result", "detail"], view(o)));
         if (page.nextCursor) out(`more: --cursor ${page.nextCursor}`);
       }),
     );
 
-  dlq
-    .command("depth")
-    .description("pending dead letters and the oldest age, per queue and consumer")
-    .option("--json", "JSON output")
-    .action((o) =>
-      withOps(async ({ ops }) => {
+  COMMON(dlq.command("depth").description("pending dead letters and the oldest age, per queue and consumer")).action(
+    (o) =>
+      withOps("read", async ({ ops }) => {
         const items = await ops.deadLetters.depth();
-        out(o.json ? json({ items }) : table(items, ["queue", "consumer", "pending", "oldestPendingAgeMs"]));
-      }),
-    );
-
-  program
-    .command("audit")
-    .description("the audit log (core.ops_audit)")
-    .command("prune")
-    .description(
-      `delete audit entries older than the retention (never fewer than ${MIN_AUDIT_RETENTION_DAYS} days); the prune is audited`,
-    )
-    .option(
-      "--retention-days <days>",
-      `keep this many days (default $SOFTCRUM_AUDIT_RETENTION_DAYS or ${DEFAULT_AUDIT_RETENTION_DAYS})`,
-    )
-    .option("--dry-run", "count what would be deleted, delete nothing")
-    .option("--operator <name>", "who (default $SOFTCRUM_OPERATOR)")
-    .option("--json", "JSON output")
-    .action((o) =>
-      withOps(async ({ ops }) => {
-        const retentionDays =
-          o.retentionDays ?? process.env["SOFTCRUM_AUDIT_RETENTION_DAYS"] ?? DEFAULT_AUDIT_RETENTION_DAYS;
-        const report = await ops.deadLetters.pruneAudit({
-          operator: operatorFrom(o),
-          retentionDays,
-          dryRun: Boolean(o.dryRun),
-        });
+        if (o.json) {
+          out(json({ items }));
+          return;
+        }
         out(
-          o.json
-            ? json(report)
-            : `${report.dryRun ? "dry run: would delete" : "deleted"} ${report.deleted} audit entries older than ${report.cutoff.toISOString()} (${retentionDays} days)`,
+          table(
+            items.map((i) => ({ ...i, oldest: duration(i.oldestPendingAgeMs) })),
+            ["queue", "consumer", "pending", "oldest"],
+            view(o),
+          ),
         );
       }),
-    );
+  );
+
+  COMMON(
+    program
+      .command("audit")
+      .description("the audit log (core.ops_audit)")
+      .command("prune")
+      .description(
+        `delete audit entries older than the retention (never fewer than ${MIN_AUDIT_RETENTION_DAYS} days); the prune is audited`,
+      )
+      .option(
+        "--retention-days <days>",
+        `keep this many days (default $SOFTCRUM_AUDIT_RETENTION_DAYS or ${DEFAULT_AUDIT_RETENTION_DAYS})`,
+      )
+      .option("--dry-run", "count what would be deleted, delete nothing"),
+  ).action((o) =>
+    withOps("write", async ({ ops, operator }) => {
+      flagsInUse = { retentionDays: "--retention-days" };
+      const retentionDays =
+        o.retentionDays ?? process.env["SOFTCRUM_AUDIT_RETENTION_DAYS"] ?? DEFAULT_AUDIT_RETENTION_DAYS;
+      const report = await ops.deadLetters.pruneAudit({ operator, retentionDays, dryRun: Boolean(o.dryRun) });
+      out(
+        o.json
+          ? json(report)
+          : `${report.dryRun ? "dry run: would delete" : "deleted"} ${report.deleted} audit entries older than ${report.cutoff.toISOString()} (${retentionDays} days)`,
+      );
+    }),
+  );
 
   const batch = program.command("batch").description("replay batches");
 
-  filterOptions(batch.command("create").description("select pending letters into a replay batch"))
+  COMMON(filterOptions(batch.command("create").description("select pending letters into a replay batch")))
     .requiredOption("--reason <text>", "why (recorded)")
     .requiredOption("--rate <perSecond>", "replays per second")
     .option("--batch-size <n>", "replays between checks of the stop conditions", "50")
@@ -381,13 +603,24 @@ export function buildProgram(): Command {
     .option("--max-failure-rate <fraction>", "pause above this share of failed-again replays", "0.2")
     .option("--limit <n>", "at most this many letters (oldest first)")
     .option("--expires-in <minutes>", "the batch does not run after this", "1440")
-    .option("--operator <name>", "who (default $SOFTCRUM_OPERATOR)")
-    .option("--json", "JSON output")
     .action((o) =>
-      withOps(async ({ ops }) => {
+      withOps("write", async ({ ops, operator }) => {
+        const filter = filterFrom(o, false);
+        flagsInUse = {
+          ...flagsInUse,
+          reason: "--reason",
+          ratePerSecond: "--rate",
+          batchSize: "--batch-size",
+          sampleSize: "--sample",
+          maxFailureRate: "--max-failure-rate",
+          limit: "--limit",
+          expiresInMinutes: "--expires-in",
+          expiresAt: "--expires-in",
+          "filter.status": "--status",
+        };
         const created = await ops.batches.create({
-          filter: filterFrom(o, false),
-          operator: operatorFrom(o),
+          filter,
+          operator,
           reason: o.reason,
           ratePerSecond: o.rate,
           batchSize: o.batchSize,
@@ -396,125 +629,68 @@ export function buildProgram(): Command {
           ...(o.sample ? { sampleSize: o.sample } : {}),
           ...(o.limit ? { limit: o.limit } : {}),
         });
-        printBatch(created, o.json);
+        printBatch(created, o);
         if (!o.json && created.status === "awaiting_approval") {
           out(
-            `\n${created.selected} letters: another operator must approve: pnpm ops batch approve ${created.id} --operator NAME`,
+            `\n${created.selected} letters: another operator, logged in with their own database role, must approve: pnpm ops batch approve ${created.id}`,
           );
         }
       }),
     );
 
-  batch
-    .command("approve <id>")
-    .description("approve a large batch (not your own)")
-    .option("--operator <name>", "who (default $SOFTCRUM_OPERATOR)")
-    .option("--json", "JSON output")
-    .action((id, o) =>
-      withOps(async ({ ops }) => printBatch(await ops.batches.approve(id, { operator: operatorFrom(o) }), o.json)),
-    );
+  COMMON(batch.command("approve <id>").description("approve a large batch (not your own)")).action((id, o) =>
+    withOps("write", async ({ ops, operator }) => printBatch(await ops.batches.approve(id, { operator }), o)),
+  );
 
   for (const verb of ["pause", "resume", "stop"] as const) {
-    batch
-      .command(`${verb} <id>`)
-      .description(
-        verb === "stop"
-          ? "stop for good"
-          : verb === "pause"
-            ? "pause; a running runner stops after its chunk"
-            : "make a paused batch runnable again",
-      )
-      .requiredOption("--reason <text>", "why (recorded)")
-      .option("--operator <name>", "who (default $SOFTCRUM_OPERATOR)")
-      .option("--json", "JSON output")
-      .action((id, o) =>
-        withOps(async ({ ops }) =>
-          printBatch(await ops.batches[verb](id, { operator: operatorFrom(o), reason: o.reason }), o.json),
-        ),
-      );
+    COMMON(
+      batch
+        .command(`${verb} <id>`)
+        .description(
+          verb === "stop"
+            ? "stop for good"
+            : verb === "pause"
+              ? "pause; a running runner stops after its chunk"
+              : "make a paused batch runnable again",
+        )
+        .requiredOption("--reason <text>", "why (recorded)"),
+    ).action((id, o) =>
+      withOps("write", async ({ ops, operator }) => {
+        flagsInUse = { reason: "--reason" };
+        printBatch(await ops.batches[verb](id, { operator, reason: o.reason }), o);
+      }),
+    );
   }
 
   batch
     .command("run <id>")
     .description("replay the batch at its rate, with progress; Ctrl-C pauses it")
-    .option("--operator <name>", "who (default $SOFTCRUM_OPERATOR)")
     .option("--no-progress", "no progress bar")
-    .option("--json", "JSON output of the final state")
-    .action((id, o) =>
-      withOps(async ({ ops }) => {
-        const operator = operatorFrom(o);
-        const controller = new AbortController();
-        const interrupt = () => controller.abort();
-        process.once("SIGINT", interrupt);
-        process.once("SIGTERM", interrupt);
-        const bar = o.progress
-          ? new SingleBar({
-              format: "replay {bar} {value}/{total} | {rate}/s | ETA {etaText} | failed again {failedAgain} | {status}",
-              stream: process.stderr,
-              noTTYOutput: true,
-              notTTYSchedule: 1000,
-              hideCursor: true,
-            })
-          : undefined;
-        let started = false;
-        try {
-          const final = await ops.batches.run(id, {
-            operator,
-            signal: controller.signal,
-            onProgress: ({ batch: b, rate, etaSeconds }) => {
-              const payload = {
-                rate: rate.toFixed(1),
-                etaText: `${Math.ceil(etaSeconds)}s`,
-                failedAgain: b.failedAgain,
-                status: b.status,
-              };
-              const done = b.replayed + b.skipped;
-              if (!bar) return;
-              if (!started) {
-                bar.start(b.selected, done, payload);
-                started = true;
-              } else bar.update(done, payload);
-            },
-          });
-          bar?.stop();
-          printBatch(final, o.json);
-          if (final.status !== "completed") process.exitCode = EXIT.partial;
-        } finally {
-          bar?.stop();
-          process.off("SIGINT", interrupt);
-          process.off("SIGTERM", interrupt);
-        }
-      }),
-    );
+    .option("--json", "stream NDJSON: one progress event per line while it runs, then the result")
+    .option("--wide", "print every cell whole")
+    .action((id, o) => withOps("publish", ({ ops, operator }) => runBatch(ops, operator, id, o)));
 
-  batch
-    .command("show <id>")
-    .description("a batch with live counts")
-    .option("--json", "JSON output")
-    .action((id, o) => withOps(async ({ ops }) => printBatch(await ops.batches.get(id), o.json)));
+  COMMON(batch.command("show <id>").description("a batch with live counts")).action((id, o) =>
+    withOps("read", async ({ ops }) => printBatch(await ops.batches.get(id), o)),
+  );
 
-  batch
-    .command("list")
-    .description("recent batches")
+  COMMON(batch.command("list").description("recent batches, newest first"))
     .option("--status <status>", "only this status")
-    .option("--json", "JSON output")
     .action((o) =>
-      withOps(async ({ ops }) => {
-        const items = await ops.batches.list(o.status ? { status: o.status } : {});
+      withOps("read", async ({ ops }) => {
+        flagsInUse = { status: "--status" };
+        const items = await ops.batches.list(o.status ? { status: o.status } : undefined);
+        if (o.json) {
+          out(json({ items }));
+          return;
+        }
+        const now = Date.now();
         out(
-          o.json
-            ? json({ items })
-            : table(items as unknown as Record<string, unknown>[], [
-                "id",
-                "status",
-                "requestedBy",
-                "approvedBy",
-                "selected",
-                "replayed",
-                "failedAgain",
-                "createdAt",
-                "stopReason",
-              ]),
+          table(
+            items.map((b) => ({ ...b, age: age(b.createdAt, now) })),
+            ["id", "status", "requestedBy", "approvedBy", "selected", "replayed", "failedAgain", "age", "stopReason"],
+            view(o),
+          ),
         );
       }),
     );
@@ -522,34 +698,185 @@ export function buildProgram(): Command {
   return program;
 }
 
-/** Runs the CLI and returns its exit code. */
-export async function main(argv: string[]): Promise<number> {
+/**
+ * Runs a batch with a progress bar on stderr (or NDJSON events on stdout with
+ * --json). Between the runner's own reports it looks at the batch every
+ * second, so the bar also says when it waits for the sample check.
+ */
+async function runBatch(
+  ops: Ops,
+  operator: string,
+  id: string,
+  o: { progress: boolean; json?: boolean; wide?: boolean },
+) {
+  const controller = new AbortController();
+  const interrupt = () => controller.abort();
+  process.once("SIGINT", interrupt);
+  process.once("SIGTERM", interrupt);
+  // The rate shown is this run's: replays since it started, over the time since.
+  const before = await ops.batches.get(id).catch(() => undefined);
+  const startedAt = Date.now();
+  let startCount = before ? before.replayed + before.skipped : undefined;
+  const bar =
+    o.progress && !o.json
+      ? new SingleBar({
+          format: "replay {bar} {value}/{total} | {rate}/s | ETA {etaText} | failed again {failedAgain} | {phase}",
+          stream: process.stderr,
+          noTTYOutput: true,
+          notTTYSchedule: 1000,
+          hideCursor: true,
+        })
+      : undefined;
+  let barStarted = false;
+  const show = (b: BatchView) => {
+    const done = b.replayed + b.skipped;
+    startCount ??= done;
+    const elapsed = Math.max(0.001, (Date.now() - startedAt) / 1000);
+    const rate = (done - startCount) / elapsed;
+    const etaSeconds = b.pending / b.ratePerSecond;
+    const phase = phaseOf(b);
+    if (o.json) {
+      out(
+        ndjson({
+          event: "progress",
+          at: new Date().toISOString(),
+          batchId: b.id,
+          status: b.status,
+          phase,
+          selected: b.selected,
+          replayed: b.replayed,
+          skipped: b.skipped,
+          pending: b.pending,
+          succeeded: b.succeeded,
+          failedAgain: b.failedAgain,
+          unresolved: b.unresolved,
+          rate: Number(rate.toFixed(2)),
+          etaSeconds: Math.ceil(etaSeconds),
+        }),
+      );
+      return;
+    }
+    if (!bar) return;
+    const payload = {
+      rate: rate.toFixed(1),
+      etaText: etaSeconds < 1 ? "0s" : duration(etaSeconds * 1000),
+      failedAgain: b.failedAgain,
+      phase,
+    };
+    if (!barStarted) {
+      bar.start(b.selected, done, payload);
+      barStarted = true;
+    } else bar.update(done, payload);
+  };
+  let running = true;
+  const poll = (async () => {
+    while (running) {
+      await new Promise((resolve) => setTimeout(resolve, 1000).unref());
+      if (!running) break;
+      const b = await ops.batches.get(id).catch(() => undefined);
+      if (b && running) show(b);
+    }
+  })();
   try {
-    await buildProgram().parseAsync(argv, { from: "user" });
+    const final = await ops.batches.run(id, {
+      operator,
+      signal: controller.signal,
+      onProgress: ({ batch: b }) => show(b),
+    });
+    running = false;
+    bar?.stop();
+    if (o.json) out(ndjson({ event: "result", batch: final }));
+    else printBatch(final, o);
+    if (final.status !== "completed") process.exitCode = EXIT.partial;
+  } finally {
+    running = false;
+    await poll;
+    bar?.stop();
+    process.off("SIGINT", interrupt);
+    process.off("SIGTERM", interrupt);
+  }
+}
+
+function indent(text: string): string {
+  return text
+    .split("\n")
+    .map((line) => `  ${line}`)
+    .join("\n");
+}
+
+const BY_CODE: Record<string, number> = {
+  INVALID_INPUT: EXIT.usage,
+  NOT_FOUND: EXIT.notFound,
+  CONFLICT: EXIT.conflict,
+  FORBIDDEN: EXIT.conflict,
+  NOT_ROUTABLE: EXIT.conflict,
+};
+
+/** Runs the CLI and returns its exit code. Errors are one line, never SQL or its parameters. */
+export async function main(argv: string[]): Promise<number> {
+  flagsInUse = {};
+  process.exitCode = undefined;
+  // --operator is taken out here and refused once the CLI knows who is logged in (so the attempt is audited).
+  typedOperator = undefined;
+  const args: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i] as string;
+    if (arg === "--operator") typedOperator = argv[++i] ?? "";
+    else if (arg.startsWith("--operator=")) typedOperator = arg.slice("--operator=".length);
+    else args.push(arg);
+  }
+  try {
+    await buildProgram().parseAsync(args, { from: "user" });
     return typeof process.exitCode === "number" ? process.exitCode : EXIT.ok;
   } catch (error) {
     if (error instanceof CommanderError) {
-      return error.exitCode === 0 ? EXIT.ok : EXIT.usage; // commander printed the usage problem
+      if (error.exitCode === 0) return EXIT.ok; // help or version
+      await auditUsageRefusal(args, error.message);
+      return EXIT.usage; // commander printed the usage problem
     }
     if (error instanceof ExitError) {
       process.stderr.write(`error: ${error.message}\n`);
       return error.exitCode;
     }
-    if (isSoftcrumError(error)) {
+    if (error instanceof DatabaseProblem) {
       process.stderr.write(`error: ${error.message}\n`);
-      const byCode: Record<string, number> = {
-        INVALID_INPUT: EXIT.usage,
-        NOT_FOUND: EXIT.notFound,
-        CONFLICT: EXIT.conflict,
-        FORBIDDEN: EXIT.conflict,
-      };
-      return byCode[error.code] ?? EXIT.failure;
+      return EXIT.failure;
     }
-    process.stderr.write(`error: ${text(error instanceof Error ? error.message : error)}\n`);
+    if (isSoftcrumError(error)) {
+      process.stderr.write(`error: ${oneLine(nameFlags(error.message, flagsInUse))}\n`);
+      return BY_CODE[error.code] ?? EXIT.failure;
+    }
+    if (isDatabaseError(error)) {
+      process.stderr.write(
+        `error: ${explainDatabaseError(error, describeTarget(process.env["DATABASE_URL"] ?? ""))}\n`,
+      );
+      return EXIT.failure;
+    }
+    process.stderr.write(`error: ${oneLine(error instanceof Error ? error.message : String(error))}\n`);
     return EXIT.failure;
   }
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  process.exitCode = await main(process.argv.slice(2));
+function oneLine(message: string): string {
+  return message.split("\n")[0]?.trim() ?? "";
 }
+
+/** Whether this module is the process's entry point (the tsx source, or the compiled bin through its symlink). */
+function isEntryPoint(): boolean {
+  if (!process.argv[1]) return false;
+  try {
+    return realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url));
+  } catch {
+    return false;
+  }
+}
+
+/** Runs the CLI as a process: sets the exit code, and makes sure the process exits. */
+export async function runCli(argv: string[]): Promise<void> {
+  const code = await main(argv);
+  process.exitCode = code;
+  // The process always exits: nothing left open (a pool that never closes) may keep it up.
+  setTimeout(() => process.exit(code), 2000).unref();
+}
+
+if (isEntryPoint()) await runCli(process.argv.slice(2));

@@ -1,16 +1,93 @@
-/** Plain-text tables and values for the terminal. */
-export function table(rows: Record<string, unknown>[], columns: string[]): string {
+/**
+ * What the CLI prints for people (#10 item 13): tables that fit the terminal
+ * (cells cut with …, `--wide` for everything), ages and durations as
+ * `3h 12m`, payloads pretty-printed, and errors that name the flags the
+ * operator typed instead of the library's field names.
+ */
+
+export interface TableOptions {
+  /** Columns the table may use; past it, the widest columns are cut with … @default terminalWidth() */
+  readonly width?: number;
+  /** Print every cell whole, whatever the width. */
+  readonly wide?: boolean;
+  /** Columns never cut (what an operator copies into the next command). @default KEEP_WHOLE */
+  readonly keep?: readonly string[];
+}
+
+/** Ids are what an operator copies into the next command: never cut. */
+export const KEEP_WHOLE = ["id", "batchId", "replayedFrom"];
+
+/** The terminal's width: COLUMNS, else the TTY's, else 120 (a pipe or a file). */
+export function terminalWidth(): number {
+  const fromEnv = Number(process.env["COLUMNS"]);
+  if (Number.isInteger(fromEnv) && fromEnv > 20) return fromEnv;
+  return process.stdout.columns && process.stdout.columns > 20 ? process.stdout.columns : 120;
+}
+
+const GAP = 2;
+/** Narrowest a column is cut to (its header may be cut too). */
+const MIN_COLUMN = 6;
+
+export function table(rows: Record<string, unknown>[], columns: string[], options: TableOptions = {}): string {
   if (rows.length === 0) return "(none)";
-  const cells = rows.map((row) => columns.map((c) => text(row[c])));
-  const widths = columns.map((c, i) => Math.min(60, Math.max(c.length, ...cells.map((r) => (r[i] as string).length))));
+  const keep = options.keep ?? KEEP_WHOLE;
+  const width = options.width ?? terminalWidth();
+  let shown = [...columns];
+  let widths = naturalWidths(rows, shown);
+  const hidden: string[] = [];
+  if (!options.wide) {
+    // Cut the widest cells first; when even the narrowest cells do not fit, leave out the last columns.
+    for (;;) {
+      widths = naturalWidths(rows, shown);
+      if (
+        fitColumns(
+          widths,
+          width,
+          shown.map((c) => !keep.includes(c)),
+        )
+      )
+        break;
+      const last = shown.findLastIndex((c, i) => i > 0 && !keep.includes(c));
+      if (last < 0) break;
+      hidden.unshift(shown[last] as string);
+      shown = shown.filter((_, i) => i !== last);
+    }
+  }
   const line = (values: string[]) =>
     values
-      .map((v, i) =>
-        v.length > (widths[i] as number) ? `${v.slice(0, (widths[i] as number) - 1)}…` : v.padEnd(widths[i] as number),
-      )
-      .join("  ")
+      .map((v, i) => cut(v, widths[i] as number).padEnd(widths[i] as number))
+      .join(" ".repeat(GAP))
       .trimEnd();
-  return [line(columns), line(widths.map((w) => "-".repeat(w))), ...cells.map(line)].join("\n");
+  const cells = rows.map((row) => shown.map((c) => text(row[c])));
+  const lines = [line(shown), line(widths.map((w) => "-".repeat(w))), ...cells.map(line)];
+  if (hidden.length)
+    lines.push(cut(`(${hidden.join(", ")} left out to fit ${width} columns: --wide shows all)`, width));
+  return lines.join("\n");
+}
+
+function naturalWidths(rows: Record<string, unknown>[], columns: string[]): number[] {
+  return columns.map((c) => Math.max(c.length, ...rows.map((row) => text(row[c]).length)));
+}
+
+/**
+ * Narrows the widest of the columns that may be cut, one character at a time,
+ * until the row fits `width`; false when it cannot (every cuttable column is at its narrowest).
+ */
+function fitColumns(widths: number[], width: number, cuttable: boolean[]): boolean {
+  const total = () => widths.reduce((a, b) => a + b, 0) + GAP * (widths.length - 1);
+  while (total() > width) {
+    let widest = -1;
+    for (let i = 0; i < widths.length; i++) {
+      if (cuttable[i] && (widest < 0 || (widths[i] as number) > (widths[widest] as number))) widest = i;
+    }
+    if (widest < 0 || (widths[widest] as number) <= MIN_COLUMN) return false;
+    widths[widest] = (widths[widest] as number) - 1;
+  }
+  return true;
+}
+
+function cut(value: string, width: number): string {
+  return value.length > width ? `${value.slice(0, Math.max(0, width - 1))}…` : value;
 }
 
 export function text(value: unknown): string {
@@ -20,12 +97,86 @@ export function text(value: unknown): string {
   return String(value).replace(/\s+/g, " ");
 }
 
-export function fields(record: Record<string, unknown>, keys: string[]): string {
+export function fields(record: Record<string, unknown>, keys: string[], options: TableOptions = {}): string {
   const width = Math.max(...keys.map((k) => k.length));
-  return keys.map((k) => `${k.padEnd(width)}  ${text(record[k])}`).join("\n");
+  const room = Math.max(20, (options.width ?? terminalWidth()) - width - GAP);
+  return keys
+    .map((k) => {
+      const value = text(record[k]);
+      return `${k.padEnd(width)}  ${options.wide ? value : cut(value, room)}`.trimEnd();
+    })
+    .join("\n");
 }
 
 /** JSON with dates as ISO strings. */
 export function json(value: unknown): string {
   return JSON.stringify(value, null, 2);
+}
+
+/** One line of NDJSON (one event of a stream). */
+export function ndjson(value: unknown): string {
+  return JSON.stringify(value);
+}
+
+/** A duration for people: `850ms`, `42s`, `3m 5s`, `3h 12m`, `2d 4h`. */
+export function duration(ms: number): string {
+  if (!Number.isFinite(ms)) return "?";
+  const abs = Math.max(0, Math.round(ms));
+  if (abs < 1000) return `${abs}ms`;
+  const s = Math.floor(abs / 1000);
+  if (s < 60) return `${s}s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return s % 60 ? `${m}m ${s % 60}s` : `${m}m`;
+  const h = Math.floor(m / 60);
+  if (h < 24) return m % 60 ? `${h}h ${m % 60}m` : `${h}h`;
+  const d = Math.floor(h / 24);
+  return h % 24 ? `${d}d ${h % 24}h` : `${d}d`;
+}
+
+/** How long ago `at` was, for people: `3h 12m ago`. */
+export function age(at: Date | string | null | undefined, now = Date.now()): string {
+  if (!at) return "";
+  const time = at instanceof Date ? at.getTime() : Date.parse(at);
+  return Number.isFinite(time) ? `${duration(now - time)} ago` : "";
+}
+
+/** A payload for reading: JSON indented, anything else as it is. */
+export function prettyPayload(payload: string): string {
+  try {
+    return JSON.stringify(JSON.parse(payload), null, 2);
+  } catch {
+    return payload;
+  }
+}
+
+/**
+ * Rewrites the library's field names in a validation message into the flags
+ * the operator typed (`createdAfter` → `--since` or `--created-after`).
+ */
+export function nameFlags(message: string, flags: Readonly<Record<string, string>>): string {
+  let out = message;
+  for (const [field, flag] of Object.entries(flags)) {
+    out = out.replace(new RegExp(`(^|[\\s:;(])(?:filter\\.|batch\\.)?${field}(?=[:\\s]|$)`, "g"), `$1${flag}`);
+  }
+  return out.replace(/\binvalid (filter|batch|page|prune): /, "invalid input: ");
+}
+
+/** What a running batch is doing, for the progress bar and the NDJSON events. */
+export function phaseOf(b: {
+  status: string;
+  sampleSize: number | null;
+  samplePassedAt: Date | null;
+  selected: number;
+  replayed: number;
+  skipped: number;
+  succeeded: number;
+  failedAgain: number;
+  ratePerSecond: number;
+}): string {
+  if (b.status !== "running") return b.status;
+  const sample = b.sampleSize ? Math.min(b.sampleSize, b.selected) : 0;
+  if (sample > 0 && !b.samplePassedAt && b.replayed + b.skipped >= sample) {
+    return `waiting for the sample check (${b.succeeded + b.failedAgain} of ${b.replayed} resolved)`;
+  }
+  return `paced at ${b.ratePerSecond}/s`;
 }

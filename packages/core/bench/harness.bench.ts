@@ -8,8 +8,9 @@
  *                    JSON.parse, db.transaction, the fence through Drizzle with onConflictDoNothing, the handler;
  *   (c) raw:         hand-tuned postgres.js — BEGIN pipelined with the fence insert, prepared statements.
  * Then the harness's jobs are delivered again (all duplicates), and the TTL
- * cleanup deletes 1,000,000 expired fence rows while 16 consumers keep going.
- * Last, the soak (bench/soak.bench.ts, SOAK_JOBS jobs in a process of its own).
+ * cleanup deletes 1,000,000 expired fence rows while 16 consumers keep going,
+ * and the replay benchmarks of bench/replay.bench.ts run. Last, the soak
+ * (bench/soak.bench.ts, SOAK_JOBS jobs in a process of its own).
  * The last line printed is JSON (see README).
  */
 import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "@softcrum/testing/postgres";
@@ -27,6 +28,7 @@ import {
   type WorkTransaction,
 } from "../src/index.ts";
 import { createFenceCleanup } from "../src/maintenance/fence-cleanup.ts";
+import { replayBenchmarks } from "./replay.bench.ts";
 import { runSoak } from "./soak-child.ts";
 
 const JOBS = Number(process.env["BENCH_JOBS"] ?? 20_000);
@@ -193,6 +195,9 @@ try {
       `consumer p99 ${p99(before).toFixed(1)} ms before (${before.length} jobs), ${p99(during).toFixed(1)} ms during (${during.length} jobs)`,
   );
 
+  // Replays (#10): live p99 during an unthrottled replay, and a 100,000-letter batch's rate.
+  const replay = await replayBenchmarks(url);
+
   const rate = (ms: number) => Math.round((JOBS / ms) * 1000);
   const result = {
     harness_jobs_per_s: rate(elapsed.harness),
@@ -203,6 +208,7 @@ try {
     duplicate_jobs_per_s: rate(duplicateMs),
     cleanup_deleted_rows_per_s: Math.round((cleaned.deleted / cleanupMs) * 1000),
     cleanup_p99_ratio: Number((p99(during) / p99(before)).toFixed(3)),
+    ...replay,
     // Issue #12 item 4: SOAK_JOBS (default 1,000,000) through the in-process adapter, in a child process.
     ...(await runSoak()),
   };

@@ -218,7 +218,9 @@ async function main(): Promise<number> {
   });
   const ops = createOps({
     db: drizzle({ client: opsPool }),
+    // Replays go out on the Vercel adapter's replay lane, to the one consumer.
     queue: producer,
+    routes: [{ queue: CHAOS_QUEUE, consumer: CHAOS_CONSUMER }],
     // One operator, no approver needed; a short lease so a run broken by the
     // Postgres restart is taken over by the next one at once.
     batchPolicy: { approvalThreshold: 1_000_000, leaseMs: 2_000, pollIntervalMs: 100 },

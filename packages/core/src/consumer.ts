@@ -331,6 +331,29 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#outboxRelay = deps.outboxRelay;
   }
 
+  get maxAttempts(): number {
+    return this.#consumer.retryPolicy.maxAttempts;
+  }
+
+  async deadLetterNow(
+    delivery: Delivery,
+    reason: {
+      readonly errorClass: "exhausted" | "expired" | "poison";
+      readonly attempts: number;
+      readonly error: string;
+    },
+  ): Promise<DeliveryResult> {
+    const decoded = await this.#decode(delivery.body);
+    if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
+    return this.#deadLetterUnlessCommitted({
+      errorClass: reason.errorClass,
+      attempts: Math.max(0, Math.trunc(reason.attempts)),
+      error: reason.error,
+      received: decoded.received,
+      envelope: decoded.envelope,
+    });
+  }
+
   async deliver(delivery: Delivery): Promise<DeliveryResult> {
     const consumer = this.#consumer;
     if (delivery.targetConsumer !== undefined && delivery.targetConsumer !== consumer.name) {

@@ -15,7 +15,9 @@ export type SoftcrumErrorCode =
   | "NOT_FOUND"
   | "CONFLICT"
   | "UNAUTHENTICATED"
-  | "FORBIDDEN";
+  | "FORBIDDEN"
+  | "NOT_ROUTABLE"
+  | "PAYLOAD_TOO_LARGE";
 
 const BRAND = "@softcrum/core:error";
 
@@ -81,11 +83,31 @@ export class RateLimitedError extends SoftcrumError {
 /**
  * An operator action that cannot be done as asked. `code` says why:
  * INVALID_INPUT (bad filter, missing reason), NOT_FOUND, CONFLICT (the state
- * does not allow it), UNAUTHENTICATED, FORBIDDEN.
+ * does not allow it), UNAUTHENTICATED, FORBIDDEN, PAYLOAD_TOO_LARGE (an HTTP
+ * body past the handler's limit).
  */
 export class OpsError extends SoftcrumError {
-  constructor(code: "INVALID_INPUT" | "NOT_FOUND" | "CONFLICT" | "UNAUTHENTICATED" | "FORBIDDEN", message: string) {
+  constructor(
+    code: "INVALID_INPUT" | "NOT_FOUND" | "CONFLICT" | "UNAUTHENTICATED" | "FORBIDDEN" | "PAYLOAD_TOO_LARGE",
+    message: string,
+  ) {
     super(code, message);
+  }
+}
+
+/**
+ * A replay the operator tooling cannot deliver to its consumer: no transport
+ * here knows the letter's queue and consumer (not in the replay registry), or
+ * the only transport is in-process and that consumer does not run in this
+ * process. The letter stays `pending_review`.
+ */
+export class ReplayNotRoutableError extends SoftcrumError {
+  constructor(
+    readonly queue: string,
+    readonly consumer: string,
+    reason: string,
+  ) {
+    super("NOT_ROUTABLE", `cannot route a replay to consumer "${consumer}" of queue "${queue}": ${reason}`);
   }
 }
 

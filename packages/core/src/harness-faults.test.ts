@@ -16,6 +16,7 @@ import { effects, silentLogger, useEffectsDatabase } from "../test/fixtures.ts";
 import { createMemoryQueue } from "./adapters/memory/index.ts";
 import { createManualClock } from "./clock.ts";
 import { bindConsumer, type ConsumerDefinition, defineConsumer } from "./consumer.ts";
+import { decideDeadLetter } from "./db/work-transaction.ts";
 import { createEnvelope, type Envelope } from "./envelope.ts";
 import { PermanentError } from "./errors.ts";
 
@@ -219,6 +220,43 @@ describe("the dead-letter decision is serialised with the work (#8 item 3)", () 
       expect(await stateOf(e.job_id)).toEqual(expected);
     },
   );
+
+  test("a delivery whose fence insert waits on a dead-letter decision in flight sees the letter that decision commits: its handler never runs", async () => {
+    let runs = 0;
+    const definition = consumer(async (data, { tx, envelope }) => {
+      runs += 1;
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+    });
+    const e = job(11);
+    let release = () => {};
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    let holding = () => {};
+    const isHolding = new Promise<void>((r) => {
+      holding = r;
+    });
+    // The real decision: holds the fence key (its probe row) while it writes the letter.
+    const decision = decideDeadLetter(pool(1), { jobId: e.job_id, consumer: definition.name }, async (tx) => {
+      await tx.execute(dsql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+        values (gen_random_uuid(), ${e.job_id}, ${definition.queue}, ${definition.name}, ${body(e)}, 5, 'the earlier attempts failed', 'exhausted')`);
+      holding();
+      await held;
+    });
+    await isHolding;
+    const delivery = bindConsumer(definition, { db: pool(1), logger: silentLogger }).deliver({
+      body: body(e),
+      deliveryCount: 1,
+    });
+    await someoneWaitsOnALock(); // the delivery's fence insert waits on the probe row
+    release();
+    expect(await decision).toMatchObject({ status: "written" });
+    // The fence insert went through once the probe was gone; the letter was
+    // committed after the insert's snapshot was taken, and must still be seen.
+    expect(await delivery).toMatchObject({ outcome: "dead_lettered", errorClass: "exhausted" });
+    expect(runs).toBe(0);
+    expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+  });
 });
 
 describe("every handler run is bounded in time (#8 item 12)", () => {

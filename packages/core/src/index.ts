@@ -63,6 +63,7 @@ export {
   PermanentError,
   QueueClosedError,
   RateLimitedError,
+  ReplayNotRoutableError,
   SoftcrumError,
 } from "./errors.ts";
 export type { Outbox, OutboxPublishOptions, OutboxReceipt } from "./outbox/writer.ts";
@@ -81,6 +82,7 @@ export type {
   PublishOptions,
   PublishReceipt,
   QueuePort,
+  ReplayLanePort,
 } from "./queue-port.ts";
 export type { DeferralBackoff, RetryPolicy } from "./retry.ts";
 export {

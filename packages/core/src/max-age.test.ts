@@ -149,7 +149,7 @@ describe.each(transports)("maxAgeMs on %s", (_name, open) => {
     const [letter] = await letters(consumer.name);
     expect(letter).toMatchObject({ errorClass: "expired", status: "pending_review" });
 
-    const ops = createOps({ db: pg.db, queue: t.port });
+    const ops = createOps({ db: pg.db, queue: t.port, routes: [{ queue: consumer.queue, consumer: consumer.name }] });
     const report = await ops.deadLetters.replay([letter?.id as string], { operator: "ana", reason: "still wanted" });
     expect(report.counts).toEqual({ replayed: 1 });
     await t.settle(3 * HOUR);

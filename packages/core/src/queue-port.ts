@@ -43,6 +43,30 @@ export interface QueuePort {
   schedule(queue: string, payload: Envelope, runAt: Date): Promise<PublishReceipt>;
 }
 
+/**
+ * An adapter's replay lane (SPEC §5: replay capacity apart from live
+ * traffic): per consumer, a separate queue/topic the same consumer definition
+ * reads with its own concurrency, so replays never take live slots.
+ */
+export interface ReplayLanePort {
+  /**
+   * Publishes `body` — a dead letter's payload, the bytes exactly as received,
+   * never re-serialized — on the replay lane of `targetConsumer` of `queue`.
+   * It is delivered with `Delivery.replay` and `Delivery.targetConsumer` set.
+   */
+  publishReplay(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string },
+  ): Promise<PublishReceipt>;
+  /**
+   * In-process transports only: whether `consumer` of `queue` is subscribed in
+   * this process (a replay published where nobody reads it never runs).
+   * Hosted transports leave it out: a registry of routes says what exists.
+   */
+  hasConsumer?(queue: string, consumer: string): boolean;
+}
+
 /** One delivery of one message, as a transport hands it to a consumer. */
 export interface Delivery {
   /** The message body as received: the raw text or bytes, or a value the transport already decoded. */
@@ -129,7 +153,31 @@ export interface BoundConsumer {
    * timeout or lease, so a run is never still going when its message is redelivered.
    */
   readonly timeoutMs?: number;
+  /**
+   * The consumer's attempt budget (`RetryPolicy.maxAttempts`): a transport
+   * whose provider drops a message after a number of deliveries refuses a cap
+   * below `maxAttempts + 2` (the budget, the delivery past it that writes the
+   * dead letter, and one for a letter that could not be written). @default 5
+   */
+  readonly maxAttempts?: number;
   deliver(delivery: Delivery): Promise<DeliveryResult>;
+  /**
+   * Writes the job's dead letter now, without running the handler, for a
+   * transport that cannot bring the message back: its provider would drop it
+   * (a delivery cap reached, its retention ending, a copy too large to
+   * republish) and republishing it failed. Decided under the fence key like
+   * every letter (a job whose fence exists is a `duplicate`); a letter that
+   * cannot be written is `dead_letter_failed`. `attempts` is what the job
+   * spent so far. Optional: a transport without it leaves the message as it is.
+   */
+  deadLetterNow?(
+    delivery: Delivery,
+    reason: {
+      readonly errorClass: "exhausted" | "expired" | "poison";
+      readonly attempts: number;
+      readonly error: string;
+    },
+  ): Promise<DeliveryResult>;
   /**
    * Waits for the alerts of the dead letters this consumer wrote so far (and
    * `AlertPort.flush`), when there were any since the last call; never

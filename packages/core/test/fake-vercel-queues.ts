@@ -2,15 +2,35 @@
  * A fake Vercel Queues server for tests (not shipped). It speaks the v3 wire
  * protocol that @vercel/queue 0.6.0 uses — read from the SDK's source — on
  * 127.0.0.1 with an ephemeral port, so the REAL SDK runs against it:
- * - POST   /api/v3/topic/{topic}                                   send (Vqs-Delay-Seconds, Vqs-Retention-Seconds, Vqs-Idempotency-Key) → 201 {messageId}
- * - POST   /api/v3/topic/{topic}/consumer/{group}                  receive (Vqs-Visibility-Timeout-Seconds, Vqs-Max-Messages) → multipart/mixed, or 204 when empty
- * - POST   /api/v3/topic/{topic}/consumer/{group}/id/{messageId}   receive one by id → multipart/mixed; 404 / 409 locked / 410 processed
+ * - POST   /api/v3/topic/{topic}                                   send (Vqs-Delay-Seconds, Vqs-Retention-Seconds, Vqs-Idempotency-Key, Vqs-Deployment-Id) → 201 {messageId}
+ * - POST   /api/v3/topic/{topic}/consumer/{group}                  receive (Vqs-Visibility-Timeout-Seconds, Vqs-Max-Messages, Vqs-Cursor-Fallback, Vqs-Deployment-Id) → multipart/mixed, or 204 when empty
+ * - POST   /api/v3/topic/{topic}/consumer/{group}/id/{messageId}   receive one by id → multipart/mixed; 404 / 409 locked or duplicate / 410 processed
  * - PATCH  /api/v3/topic/{topic}/consumer/{group}/lease/{handle}   change visibility, body {visibilityTimeoutSeconds}
  * - DELETE /api/v3/topic/{topic}/consumer/{group}/lease/{handle}   acknowledge
  * Push delivery calls a route handler with a binary CloudEvent
  * (`ce-type: com.vercel.queue.v2beta`, `ce-vqs*` headers, the raw body) as
  * Vercel does for a vercel.json `queue/v2beta` trigger; a non-2xx answer makes
  * the message visible again after the trigger's `retryAfterSeconds`.
+ *
+ * It behaves like the service where the service's behaviour is known, and
+ * like the pessimistic answer where it is not (shared/notes/vercel-queue-service.md,
+ * ADR 0009):
+ * - a subscription drops a message once its `maxDeliveries` deliveries are
+ *   spent (no dead-letter queue), and every message is dropped at `expiresAt`;
+ *   a lease PATCH past `expiresAt` is refused (400). Drops are recorded in `drops`;
+ * - the first push lease is 60 s (`ce-vqsvisibilitydeadline`), whatever the route's own lease;
+ * - order is approximate (a seeded shuffle of what is visible), push concurrency unbounded;
+ * - a duplicate send (same idempotency key) answers a fresh id, as `vercel dev`
+ *   does; receiving that id answers 409 with `originalMessageId`. Dedup is per
+ *   region and topic (across deployments: the widest plausible scope);
+ * - partitions: the region is the first path segment of the base URL
+ *   (`clientOptions().resolveBaseUrl`), the deployment is `Vqs-Deployment-Id`;
+ *   a consumer never sees another region's messages, nor those pinned to
+ *   another deployment (and with `deployments: "strict"`, an unpinned consumer
+ *   sees no pinned message and the other way round);
+ * - faults are injectable (`faults`, `failSends`, `failNextSends`, `failLeaseCalls`):
+ *   202 with a null id, 429 with Retry-After, 502 `consumer_discovery_failed`,
+ *   503, 413 past `maxMessageBytes`, failed or lost acks and PATCHes, early redelivery.
  *
  * Time is a manual clock: leases and delays only pass when a test moves it,
  * so an unacknowledged message comes back after its visibility timeout, with
@@ -22,22 +42,35 @@ import type { AddressInfo } from "node:net";
 import { createManualClock, type ManualClock } from "../src/clock.ts";
 
 const TOPIC = /^[A-Za-z0-9_-]+$/;
+const REGION = /^[a-z]{2,5}[0-9]{1,2}$/;
 const DAY_S = 86_400;
 const MAX_RETENTION_S = 604_800;
 const MAX_VISIBILITY_S = 3_600;
 export const FAKE_TOKEN = "test";
 export const FAKE_REGION = "iad1";
+/** The service's documented largest message (100 MB). */
+export const FAKE_MAX_MESSAGE_BYTES = 100_000_000;
 
 export interface RecordedSend {
   /** Position among every recorded send and lease call, to check what happened first. */
   readonly order: number;
   readonly topic: string;
+  readonly region: string;
+  /** `Vqs-Deployment-Id` of the send; null when unpinned. */
+  readonly deploymentId: string | null;
+  /**
+   * The id of the message stored (for a 202, which answers none, the id it was
+   * stored under), the fresh id answered for a duplicate, or "" when nothing
+   * was stored (a refused send).
+   */
   readonly messageId: string;
   readonly idempotencyKey: string | undefined;
   readonly delaySeconds: number | undefined;
   readonly retentionSeconds: number | undefined;
   /** True when the idempotency key matched an earlier send: nothing new was stored. */
   readonly deduplicated: boolean;
+  /** The HTTP status answered (201, or an injected fault's). */
+  readonly status: number;
   readonly body: Buffer;
 }
 
@@ -50,6 +83,8 @@ export interface RecordedLeaseCall {
   /** PATCH only. */
   readonly visibilityTimeoutSeconds?: number;
   readonly status: number;
+  /** False when an injected fault answered without applying the call. */
+  readonly applied: boolean;
 }
 
 export interface RecordedCallback {
@@ -60,9 +95,87 @@ export interface RecordedCallback {
   readonly status: number;
 }
 
+export interface RecordedReceive {
+  readonly topic: string;
+  readonly group: string;
+  readonly region: string;
+  readonly deploymentId: string | null;
+  readonly cursorFallback: string | undefined;
+  readonly status: number;
+}
+
+export interface RecordedDrop {
+  readonly topic: string;
+  readonly group: string;
+  readonly messageId: string;
+  readonly deliveryCount: number;
+  /** `max_deliveries`: the subscription's cap was reached; `expired`: retention ended. */
+  readonly reason: "max_deliveries" | "expired";
+}
+
+/** An answer a fault gives instead of the normal one. */
+export interface FakeReply {
+  readonly status: number;
+  /** Seconds, sent as `Retry-After` (429). */
+  readonly retryAfter?: number;
+  /** Sent as `Vqs-Error-Code` (502 `consumer_discovery_failed`). */
+  readonly errorCode?: string;
+  /** 202 only: false when the "deferred processing" never stores the message (the pessimistic answer). @default true */
+  readonly store?: boolean;
+}
+
+export interface FakeFaults {
+  /** Called for every send before it is stored: a reply to answer instead (202 stores the message and answers no id). */
+  send?(send: {
+    readonly topic: string;
+    readonly body: Buffer;
+    readonly idempotencyKey: string | undefined;
+  }): FakeReply | undefined;
+  /**
+   * Called for every ack (DELETE) and visibility change (PATCH) on a valid
+   * lease: a reply to answer instead; with `apply: true` the call takes
+   * effect anyway (a lost response). May wait (a slow call).
+   */
+  leaseCall?(call: {
+    readonly method: "PATCH" | "DELETE";
+    readonly topic: string;
+    readonly group: string;
+    readonly messageId: string;
+    readonly visibilityTimeoutSeconds?: number;
+  }):
+    | (FakeReply & { readonly apply?: boolean })
+    | undefined
+    | Promise<(FakeReply & { readonly apply?: boolean }) | undefined>;
+  /** After a lease is granted or moved: how many ms earlier than asked the message becomes visible again (an early redelivery). */
+  earlyRedeliveryMs?(lease: { readonly topic: string; readonly group: string; readonly messageId: string }): number;
+}
+
+export interface FakeVercelQueuesOptions {
+  /** Epoch ms the manual clock starts at. @default Date.now() */
+  readonly start?: number;
+  /** Largest body a send accepts; a larger one is answered 413. @default FAKE_MAX_MESSAGE_BYTES */
+  readonly maxMessageBytes?: number;
+  /** `approximate`: what is visible comes in a seeded random order; `fifo`: oldest first. @default "approximate" */
+  readonly order?: "approximate" | "fifo";
+  /** Seed of the approximate order. @default 1 */
+  readonly seed?: number;
+  /** How unpinned consumers and pinned messages meet: `docs` (an unpinned poller sees every deployment) or `strict` (neither sees the other). @default "docs" */
+  readonly deployments?: "docs" | "strict";
+  /** Where a new poll consumer group starts when the receive names no `Vqs-Cursor-Fallback`. @default "earliest" */
+  readonly cursorDefault?: "earliest" | "latest";
+  /** `uuid`, or `sequence`: per-partition counters (`0-1`, `0-2` …) that repeat across deployments. @default "uuid" */
+  readonly messageIds?: "uuid" | "sequence";
+  /** The cap of a poll consumer group's deliveries (push subscriptions set their own). @default unbounded */
+  readonly pollMaxDeliveries?: number;
+  readonly faults?: FakeFaults;
+}
+
 interface StoredMessage {
+  readonly key: string;
   readonly id: string;
   readonly seq: number;
+  readonly region: string;
+  readonly deploymentId: string | null;
   readonly topic: string;
   readonly body: Buffer;
   readonly contentType: string;
@@ -76,16 +189,47 @@ interface Delivery {
   visibleAt: number;
   receiptHandle: string | undefined;
   acked: boolean;
+  dropped: boolean;
+}
+
+interface GroupState {
+  readonly region: string;
+  readonly topic: string;
+  readonly name: string;
+  /** Messages stored before this sequence number are not for this group (it started at `latest`). */
+  readonly fromSeq: number;
+  readonly deliveries: Map<string, Delivery>; // message key → delivery
+  maxDeliveries: number | undefined;
 }
 
 interface PushSubscription {
   readonly topic: string;
   readonly group: string;
+  readonly region: string;
+  readonly deploymentId: string | null;
   readonly route: (request: Request) => Promise<Response>;
   readonly retryAfterSeconds: number;
-  readonly visibilityTimeoutSeconds: number;
+  readonly leaseSeconds: number;
   /** `inline`: body and receipt handle in the callback; `by-id`: routing only, the SDK receives by id. */
   readonly mode: "inline" | "by-id";
+}
+
+export interface SubscribePushOptions {
+  /** @default `app_Sapi_Squeues_S{topic}_Sroute_Dts` */
+  readonly group?: string;
+  /** The trigger's wait after a failed callback. @default 60 */
+  readonly retryAfterSeconds?: number;
+  /** The trigger's `maxDeliveries`: the message is dropped once this many deliveries are spent. @default 32 (as `vercel dev`) */
+  readonly maxDeliveries?: number;
+  /** The first lease of a push callback (server-assigned, `ce-vqsvisibilitydeadline`). @default 60 */
+  readonly leaseSeconds?: number;
+  /** @deprecated the old name of `leaseSeconds` */
+  readonly visibilityTimeoutSeconds?: number;
+  readonly mode?: "inline" | "by-id";
+  /** Region of the route (its messages must have been sent there). @default FAKE_REGION */
+  readonly region?: string;
+  /** Deployment of the route: it gets the messages pinned to it (and unpinned ones, unless `strict`). null: every partition. @default null */
+  readonly deploymentId?: string | null;
 }
 
 export interface FakeVercelQueues {
@@ -94,29 +238,40 @@ export interface FakeVercelQueues {
   readonly sends: readonly RecordedSend[];
   readonly leaseCalls: readonly RecordedLeaseCall[];
   readonly callbacks: readonly RecordedCallback[];
-  /** What to give the SDK (or `createVercelQueue`) to talk to this server. */
-  clientOptions(): {
+  readonly receives: readonly RecordedReceive[];
+  /** Messages the service dropped (cap reached or expired) before a group acknowledged them: lost jobs. */
+  readonly drops: readonly RecordedDrop[];
+  /** Faults in force; assign or replace hooks at any time. */
+  faults: FakeFaults;
+  /** What to give the SDK (or `createVercelQueue`) to talk to this server, unpinned, in `region`. */
+  clientOptions(region?: string): {
     region: string;
     token: string;
     deploymentId: null;
     resolveBaseUrl: (region: string) => URL;
   };
   /** Stores a message as if a producer on another stack had sent these bytes (no validation). */
-  inject(topic: string, body: string | Uint8Array): string;
-  /** Delivers `topic` to `route` as consumer group `group` whenever `dispatch()` runs. */
-  subscribePush(
+  inject(
     topic: string,
-    route: (request: Request) => Promise<Response>,
+    body: string | Uint8Array,
     options?: {
-      group?: string;
-      retryAfterSeconds?: number;
-      visibilityTimeoutSeconds?: number;
-      mode?: "inline" | "by-id";
+      retentionSeconds?: number;
+      delaySeconds?: number;
+      region?: string;
+      deploymentId?: string | null;
+      contentType?: string;
     },
-  ): void;
-  /** Calls the push routes for every message visible now, repeatedly, until none is. Returns the callbacks made. */
+  ): string;
+  /** Delivers `topic` to `route` as consumer group `group` whenever `dispatch()` runs. */
+  subscribePush(topic: string, route: (request: Request) => Promise<Response>, options?: SubscribePushOptions): void;
+  /** Sets a poll consumer group's delivery cap. */
+  setMaxDeliveries(topic: string, group: string, maxDeliveries: number | undefined, region?: string): void;
+  /**
+   * Calls the push routes for every message visible now, repeatedly, until none
+   * is. Unbounded concurrency unless `concurrency` is given. Returns the callbacks made.
+   */
   dispatch(options?: { concurrency?: number }): Promise<number>;
-  /** Messages of `topic` not yet acknowledged by `group` (and not expired). */
+  /** Messages of `topic` not yet acknowledged by `group` (and neither dropped nor expired), in every partition. */
   pending(topic: string, group: string): number;
   /** Earliest time a known group's unacknowledged message becomes visible, or undefined. */
   nextVisibleAt(): number | undefined;
@@ -124,43 +279,136 @@ export interface FakeVercelQueues {
   deliveryCount(topic: string, group: string, messageId: string): number | undefined;
   /** The next `n` sends answer 500. */
   failSends(n: number): void;
+  /** The next sends answer these replies, one each (202 stores the message without answering its id). */
+  failNextSends(...replies: FakeReply[]): void;
+  /** The next `n` acks/PATCHes (of `method`, if given) answer `status` (default 500); `apply: true` applies them anyway. */
+  failLeaseCalls(n: number, options?: { method?: "PATCH" | "DELETE"; status?: number; apply?: boolean }): void;
   close(): Promise<void>;
 }
 
-export async function startFakeVercelQueues(options: { start?: number } = {}): Promise<FakeVercelQueues> {
+/**
+ * Random faults for a chaos run, repeatable from `seed`: each a probability
+ * per call. `lostAcks`: an acknowledgement answered 204 but not applied (the
+ * message comes back when its lease ends); `failedAcks` / `failedPatches`:
+ * answered 500, not applied; `lostResponses`: an ack applied but answered 502;
+ * `earlyRedelivery`: a lease (a retry's wait included) ends `earlyByMs`
+ * early (default: at once).
+ */
+export function chaosFaults(options: {
+  readonly seed?: number;
+  readonly lostAcks?: number;
+  readonly failedAcks?: number;
+  readonly failedPatches?: number;
+  readonly lostResponses?: number;
+  readonly earlyRedelivery?: number;
+  readonly earlyByMs?: number;
+}): FakeFaults {
+  const random = seeded(options.seed ?? 7);
+  const roll = (p: number | undefined) => p !== undefined && p > 0 && random() < p;
+  return {
+    leaseCall(call) {
+      if (call.method === "DELETE") {
+        if (roll(options.lostAcks)) return { status: 204, apply: false };
+        if (roll(options.failedAcks)) return { status: 500 };
+        if (roll(options.lostResponses)) return { status: 502, apply: true };
+        return undefined;
+      }
+      return roll(options.failedPatches) ? { status: 500 } : undefined;
+    },
+    earlyRedeliveryMs: () => (roll(options.earlyRedelivery) ? (options.earlyByMs ?? Number.MAX_SAFE_INTEGER) : 0),
+  };
+}
+
+/** A small seeded PRNG (mulberry32): the fake's order is random but repeatable. */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
+  };
+}
+
+export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {}): Promise<FakeVercelQueues> {
   const clock = createManualClock(options.start ?? Date.now());
-  const messages = new Map<string, StoredMessage>();
-  const topics = new Map<string, StoredMessage[]>();
-  const groups = new Map<string, Map<string, Map<string, Delivery>>>(); // topic → group → messageId → delivery
-  const handles = new Map<string, { topic: string; group: string; messageId: string }>();
+  const maxMessageBytes = options.maxMessageBytes ?? FAKE_MAX_MESSAGE_BYTES;
+  const random = seeded(options.seed ?? 1);
+  const strict = options.deployments === "strict";
+  const messages = new Map<string, StoredMessage>(); // key → message
+  const byTopic = new Map<string, StoredMessage[]>(); // region|topic → messages
+  const groups = new Map<string, GroupState>(); // region|topic|group → state
+  const handles = new Map<string, { group: GroupState; key: string }>();
   const dedup = new Map<string, { messageId: string; until: number }>();
+  const duplicates = new Map<string, string>(); // fresh id answered for a duplicate → original id
+  const sequences = new Map<string, number>();
   const sends: RecordedSend[] = [];
   const leaseCalls: RecordedLeaseCall[] = [];
   const callbacks: RecordedCallback[] = [];
+  const receives: RecordedReceive[] = [];
+  const drops: RecordedDrop[] = [];
   const pushes: PushSubscription[] = [];
+  const sendFaults: FakeReply[] = [];
+  const leaseFaults: { method?: "PATCH" | "DELETE"; status: number; apply: boolean }[] = [];
   let seq = 0;
   let order = 0;
-  let failingSends = 0;
 
-  const groupOf = (topic: string, group: string): Map<string, Delivery> => {
-    let byGroup = groups.get(topic);
-    if (!byGroup) {
-      byGroup = new Map();
-      groups.set(topic, byGroup);
-    }
-    let deliveries = byGroup.get(group);
-    if (!deliveries) {
-      // A new consumer group starts from the earliest retained message.
-      deliveries = new Map();
-      for (const m of topics.get(topic) ?? []) {
-        deliveries.set(m.id, { deliveryCount: 0, visibleAt: m.availableAt, receiptHandle: undefined, acked: false });
+  const topicKey = (region: string, topic: string) => `${region}|${topic}`;
+  /** Whether a consumer of `consumerDeployment` may see a message sent with `messageDeployment`. */
+  const canSee = (consumerDeployment: string | null | undefined, messageDeployment: string | null) => {
+    if (consumerDeployment === undefined) return true; // a push subscription of every partition
+    if (consumerDeployment === messageDeployment) return true;
+    if (strict) return false;
+    // docs: "omit the deployment ID: poll across all deployments"; a pinned consumer also sees unpinned sends.
+    return consumerDeployment === null || messageDeployment === null;
+  };
+
+  const groupOf = (
+    region: string,
+    topic: string,
+    name: string,
+    start: "earliest" | "latest" = "earliest",
+  ): GroupState => {
+    const id = `${region}|${topic}|${name}`;
+    let group = groups.get(id);
+    if (!group) {
+      group = {
+        region,
+        topic,
+        name,
+        fromSeq: start === "latest" ? seq : 0,
+        deliveries: new Map(),
+        maxDeliveries: options.pollMaxDeliveries,
+      };
+      // A new consumer group starts from the earliest retained message (or the next one, `latest`).
+      for (const m of byTopic.get(topicKey(region, topic)) ?? []) {
+        if (m.seq >= group.fromSeq) group.deliveries.set(m.key, newDelivery(m));
       }
-      byGroup.set(group, deliveries);
+      groups.set(id, group);
     }
-    return deliveries;
+    return group;
+  };
+
+  const newDelivery = (m: StoredMessage): Delivery => ({
+    deliveryCount: 0,
+    visibleAt: m.availableAt,
+    receiptHandle: undefined,
+    acked: false,
+    dropped: false,
+  });
+
+  const nextId = (region: string, deploymentId: string | null, topic: string): string => {
+    if (options.messageIds !== "sequence") return `msg_${randomUUID()}`;
+    const partition = `${region}|${deploymentId ?? ""}|${topic}`;
+    const n = (sequences.get(partition) ?? 0) + 1;
+    sequences.set(partition, n);
+    return `0-${n}`;
   };
 
   const store = (
+    region: string,
+    deploymentId: string | null,
     topic: string,
     body: Buffer,
     contentType: string,
@@ -168,9 +416,13 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
     retentionS: number,
   ): StoredMessage => {
     const now = clock.now();
+    const id = nextId(region, deploymentId, topic);
     const m: StoredMessage = {
-      id: `msg_${randomUUID()}`,
+      key: `${region}|${deploymentId ?? ""}|${topic}|${id}`,
+      id,
       seq: seq++,
+      region,
+      deploymentId,
       topic,
       body,
       contentType,
@@ -178,33 +430,79 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
       availableAt: now + delayS * 1000,
       expiresAt: now + retentionS * 1000,
     };
-    messages.set(m.id, m);
-    const list = topics.get(topic) ?? [];
+    messages.set(m.key, m);
+    const list = byTopic.get(topicKey(region, topic)) ?? [];
     list.push(m);
-    topics.set(topic, list);
-    for (const deliveries of groups.get(topic)?.values() ?? []) {
-      deliveries.set(m.id, { deliveryCount: 0, visibleAt: m.availableAt, receiptHandle: undefined, acked: false });
+    byTopic.set(topicKey(region, topic), list);
+    for (const group of groups.values()) {
+      if (group.region === region && group.topic === topic) group.deliveries.set(m.key, newDelivery(m));
     }
     return m;
   };
 
-  const visible = (topic: string, group: string): [StoredMessage, Delivery][] => {
+  /** Drops what the service would have dropped by now; true when the delivery is still alive. */
+  const alive = (group: GroupState, m: StoredMessage, d: Delivery): boolean => {
+    if (d.acked || d.dropped) return false;
     const now = clock.now();
-    const out: [StoredMessage, Delivery][] = [];
-    for (const [id, d] of groupOf(topic, group)) {
-      const m = messages.get(id);
-      if (!m || d.acked || m.expiresAt <= now || d.visibleAt > now) continue;
-      out.push([m, d]);
+    if (m.expiresAt <= now) {
+      d.dropped = true;
+      drops.push({
+        topic: m.topic,
+        group: group.name,
+        messageId: m.id,
+        deliveryCount: d.deliveryCount,
+        reason: "expired",
+      });
+      return false;
     }
-    return out.sort((a, b) => a[1].visibleAt - b[1].visibleAt || a[0].seq - b[0].seq);
+    if (group.maxDeliveries !== undefined && d.deliveryCount >= group.maxDeliveries && d.visibleAt <= now) {
+      // Its last permitted delivery ended without an acknowledgement: there is no dead-letter queue.
+      d.dropped = true;
+      if (d.receiptHandle) handles.delete(d.receiptHandle);
+      d.receiptHandle = undefined;
+      drops.push({
+        topic: m.topic,
+        group: group.name,
+        messageId: m.id,
+        deliveryCount: d.deliveryCount,
+        reason: "max_deliveries",
+      });
+      return false;
+    }
+    return true;
   };
 
-  const lease = (topic: string, group: string, m: StoredMessage, d: Delivery, seconds: number): string => {
+  const visible = (group: GroupState, deploymentId: string | null | undefined): [StoredMessage, Delivery][] => {
+    const now = clock.now();
+    const out: [StoredMessage, Delivery][] = [];
+    for (const [key, d] of group.deliveries) {
+      const m = messages.get(key);
+      if (!m || !alive(group, m, d) || d.visibleAt > now || !canSee(deploymentId, m.deploymentId)) continue;
+      out.push([m, d]);
+    }
+    out.sort((a, b) => a[1].visibleAt - b[1].visibleAt || a[0].seq - b[0].seq);
+    if (options.order !== "fifo") {
+      // Approximate order, as the service promises: a seeded shuffle.
+      for (let i = out.length - 1; i > 0; i--) {
+        const j = Math.floor(random() * (i + 1));
+        [out[i], out[j]] = [out[j] as [StoredMessage, Delivery], out[i] as [StoredMessage, Delivery]];
+      }
+    }
+    return out;
+  };
+
+  const setVisibleAt = (group: GroupState, m: StoredMessage, d: Delivery, at: number) => {
+    const early = fake.faults.earlyRedeliveryMs;
+    const shift = early ? Math.max(0, early({ topic: m.topic, group: group.name, messageId: m.id })) : 0;
+    d.visibleAt = Math.max(clock.now(), at - shift);
+  };
+
+  const lease = (group: GroupState, m: StoredMessage, d: Delivery, seconds: number): string => {
     if (d.receiptHandle) handles.delete(d.receiptHandle);
     d.deliveryCount += 1;
-    d.visibleAt = clock.now() + seconds * 1000;
+    setVisibleAt(group, m, d, clock.now() + seconds * 1000);
     d.receiptHandle = `rh_${randomUUID()}`;
-    handles.set(d.receiptHandle, { topic, group, messageId: m.id });
+    handles.set(d.receiptHandle, { group, key: m.key });
     return d.receiptHandle;
   };
 
@@ -227,21 +525,37 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
     res.end(Buffer.concat(chunks));
   };
 
-  const reply = (res: ServerResponse, status: number, body?: unknown) => {
+  const reply = (res: ServerResponse, status: number, body?: unknown, headers: Record<string, string> = {}) => {
     if (body === undefined) {
-      res.writeHead(status);
+      res.writeHead(status, headers);
       res.end();
       return;
     }
-    res.writeHead(status, { "content-type": "application/json" });
+    res.writeHead(status, { "content-type": "application/json", ...headers });
     res.end(JSON.stringify(body));
   };
+
+  const replyFault = (res: ServerResponse, fault: FakeReply) =>
+    // A 2xx fault (an ack or PATCH answered as done but not applied) looks like the real answer.
+    fault.status === 204
+      ? reply(res, 204)
+      : reply(res, fault.status, fault.status < 300 ? { success: true } : `injected ${fault.status}`, {
+          ...(fault.retryAfter !== undefined ? { "retry-after": String(fault.retryAfter) } : {}),
+          ...(fault.errorCode !== undefined ? { "vqs-error-code": fault.errorCode } : {}),
+        });
 
   const intHeader = (req: IncomingMessage, name: string): number | undefined | "bad" => {
     const raw = req.headers[name.toLowerCase()];
     if (raw === undefined) return undefined;
     const n = Number(raw);
     return Number.isInteger(n) ? n : "bad";
+  };
+
+  const findMessage = (region: string, topic: string, id: string, deploymentId: string | null) => {
+    const candidates = (byTopic.get(topicKey(region, topic)) ?? []).filter(
+      (m) => m.id === id && canSee(deploymentId, m.deploymentId),
+    );
+    return candidates.find((m) => m.deploymentId === deploymentId) ?? candidates[0];
   };
 
   const handle = async (req: IncomingMessage, res: ServerResponse) => {
@@ -251,126 +565,203 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
     if (req.headers.authorization !== `Bearer ${FAKE_TOKEN}`) return reply(res, 401, "Missing or invalid token");
     const url = new URL(req.url ?? "/", "http://fake");
     const parts = url.pathname.split("/").map(decodeURIComponent);
+    let region = FAKE_REGION;
+    if (REGION.test(parts[1] ?? "")) region = parts.splice(1, 1)[0] as string;
+    const deploymentHeader = req.headers["vqs-deployment-id"];
+    const deploymentId = typeof deploymentHeader === "string" && deploymentHeader !== "" ? deploymentHeader : null;
     // ["", "api", "v3", "topic", topic, "consumer", group, ...]
     if (parts[1] !== "api" || parts[2] !== "v3" || parts[3] !== "topic") return reply(res, 404, "not found");
     const topic = parts[4] ?? "";
     if (!TOPIC.test(topic)) return reply(res, 400, `invalid topic name ${JSON.stringify(topic)}`);
 
     if (parts.length === 5 && req.method === "POST") {
-      if (failingSends > 0) {
-        failingSends -= 1;
-        return reply(res, 500, "injected failure");
-      }
       const delay = intHeader(req, "Vqs-Delay-Seconds");
       const retention = intHeader(req, "Vqs-Retention-Seconds");
       const key = req.headers["vqs-idempotency-key"] as string | undefined;
+      const record = (messageId: string, deduplicated: boolean, status: number) =>
+        sends.push({
+          order: order++,
+          topic,
+          region,
+          deploymentId,
+          messageId,
+          idempotencyKey: key,
+          delaySeconds: typeof delay === "number" ? delay : undefined,
+          retentionSeconds: typeof retention === "number" ? retention : undefined,
+          deduplicated,
+          status,
+          body,
+        });
+      const fault = sendFaults.shift() ?? fake.faults.send?.({ topic, body, idempotencyKey: key });
+      if (fault?.status === 202 && fault.store === false) {
+        record("", false, 202);
+        return reply(res, 202, { status: "accepted" });
+      }
+      if (fault && fault.status !== 202) {
+        record("", false, fault.status);
+        return replyFault(res, fault);
+      }
+      if (body.length > maxMessageBytes) {
+        record("", false, 413);
+        return reply(res, 413, `message of ${body.length} bytes exceeds the limit of ${maxMessageBytes}`);
+      }
       if (delay === "bad" || retention === "bad") return reply(res, 400, "delay and retention are integers");
       const retentionS = retention ?? DAY_S;
       const delayS = delay ?? 0;
       if (retentionS < 60 || retentionS > MAX_RETENTION_S) return reply(res, 400, "retention out of range");
       if (delayS < 0 || delayS > MAX_RETENTION_S || delayS > retentionS) return reply(res, 400, "delay out of range");
       if (key !== undefined && key.length > 256) return reply(res, 400, "idempotency key too long");
-      const record = (messageId: string, deduplicated: boolean) =>
-        sends.push({
-          order: order++,
-          topic,
-          messageId,
-          idempotencyKey: key,
-          delaySeconds: delay,
-          retentionSeconds: retention,
-          deduplicated,
-          body,
-        });
       const now = clock.now();
+      const dedupKey = `${region}\u0000${topic}\u0000${key}`;
       if (key !== undefined) {
-        const seen = dedup.get(`${topic}\u0000${key}`);
+        const seen = dedup.get(dedupKey);
         if (seen && seen.until > now) {
-          record(seen.messageId, true);
-          return reply(res, 200, { messageId: seen.messageId });
+          // As `vercel dev`: a fresh id, nothing stored; the duplicate is dropped out of band.
+          const fresh = nextId(region, deploymentId, topic);
+          duplicates.set(fresh, seen.messageId);
+          record(fresh, true, 201);
+          return reply(res, 201, { messageId: fresh });
         }
       }
       const m = store(
+        region,
+        deploymentId,
         topic,
         body,
         String(req.headers["content-type"] ?? "application/octet-stream"),
         delayS,
         retentionS,
       );
-      if (key !== undefined) {
-        dedup.set(`${topic}\u0000${key}`, { messageId: m.id, until: now + Math.min(retentionS, DAY_S) * 1000 });
+      if (key !== undefined) dedup.set(dedupKey, { messageId: m.id, until: now + Math.min(retentionS, DAY_S) * 1000 });
+      if (fault?.status === 202) {
+        record(m.id, false, 202);
+        return reply(res, 202, { status: "accepted" });
       }
-      record(m.id, false);
+      record(m.id, false, 201);
       return reply(res, 201, { messageId: m.id });
     }
 
     if (parts[5] !== "consumer" || !TOPIC.test(parts[6] ?? "")) return reply(res, 404, "not found");
-    const group = parts[6] as string;
+    const groupName = parts[6] as string;
 
     if (parts.length === 7 && req.method === "POST") {
       const vt = intHeader(req, "Vqs-Visibility-Timeout-Seconds");
       const max = intHeader(req, "Vqs-Max-Messages");
+      const fallback = req.headers["vqs-cursor-fallback"] as string | undefined;
+      const recordReceive = (status: number) =>
+        receives.push({ topic, group: groupName, region, deploymentId, cursorFallback: fallback, status });
       if (vt === "bad" || max === "bad" || (max !== undefined && (max < 1 || max > 10))) {
+        recordReceive(400);
         return reply(res, 400, "bad receive parameters");
       }
-      const batch = visible(topic, group).slice(0, max ?? 1);
-      if (batch.length === 0) return reply(res, 204);
-      for (const [m, d] of batch) lease(topic, group, m, d, vt ?? 300);
+      const start = fallback === "earliest" || fallback === "latest" ? fallback : (options.cursorDefault ?? "earliest");
+      const group = groupOf(region, topic, groupName, start);
+      const batch = visible(group, deploymentId).slice(0, max ?? 1);
+      if (batch.length === 0) {
+        recordReceive(204);
+        return reply(res, 204);
+      }
+      for (const [m, d] of batch) lease(group, m, d, vt ?? 60);
+      recordReceive(200);
       return multipart(res, batch);
     }
 
     if (parts.length === 9 && parts[7] === "id" && req.method === "POST") {
-      const m = messages.get(parts[8] as string);
-      const d = m && m.topic === topic ? groupOf(topic, group).get(m.id) : undefined;
+      const id = parts[8] as string;
+      const original = duplicates.get(id);
+      if (original !== undefined) return reply(res, 409, { error: "duplicate", originalMessageId: original });
+      const m = findMessage(region, topic, id, deploymentId);
+      const group = groupOf(region, topic, groupName);
+      const d = m ? group.deliveries.get(m.key) : undefined;
       if (!m || !d || m.expiresAt <= clock.now()) return reply(res, 404, "message not found");
       if (d.acked) return reply(res, 410, "already processed");
+      if (d.dropped) return reply(res, 404, "message not found");
       if (d.visibleAt > clock.now()) return reply(res, 409, "message locked");
       const vt = intHeader(req, "Vqs-Visibility-Timeout-Seconds");
-      lease(topic, group, m, d, typeof vt === "number" ? vt : 300);
+      lease(group, m, d, typeof vt === "number" ? vt : 60);
       return multipart(res, [[m, d]]);
     }
 
     if (parts.length === 9 && parts[7] === "lease" && (req.method === "PATCH" || req.method === "DELETE")) {
+      const method = req.method as "PATCH" | "DELETE";
       const handleId = parts[8] as string;
       const owner = handles.get(handleId);
-      const d = owner ? groupOf(owner.topic, owner.group).get(owner.messageId) : undefined;
-      const call = (status: number, visibilityTimeoutSeconds?: number) => {
+      const d = owner?.group.deliveries.get(owner.key);
+      const m = owner ? messages.get(owner.key) : undefined;
+      let seconds: unknown;
+      if (method === "PATCH") {
+        try {
+          seconds = (JSON.parse(body.toString("utf8")) as { visibilityTimeoutSeconds?: unknown })
+            .visibilityTimeoutSeconds;
+        } catch {}
+      }
+      const call = (status: number, applied: boolean) => {
         leaseCalls.push({
           order: order++,
-          method: req.method as "PATCH" | "DELETE",
+          method,
           topic,
-          group,
-          messageId: owner?.messageId ?? "",
+          group: groupName,
+          messageId: m?.id ?? "",
           status,
-          ...(visibilityTimeoutSeconds !== undefined ? { visibilityTimeoutSeconds } : {}),
+          applied,
+          ...(method === "PATCH" && typeof seconds === "number" ? { visibilityTimeoutSeconds: seconds } : {}),
         });
       };
-      if (!owner || !d || owner.topic !== topic || owner.group !== group) {
-        call(404);
+      if (!owner || !d || !m || owner.group.topic !== topic || owner.group.name !== groupName) {
+        call(404, false);
         return reply(res, 404, "receipt handle not found");
       }
-      if (d.acked || d.receiptHandle !== handleId) {
-        call(409);
+      if (d.acked || d.dropped || d.receiptHandle !== handleId) {
+        call(409, false);
         return reply(res, 409, "lease lost");
       }
-      if (req.method === "DELETE") {
-        d.acked = true;
-        d.receiptHandle = undefined;
-        handles.delete(handleId);
-        call(204);
-        return reply(res, 204);
+      if (m.expiresAt <= clock.now()) {
+        call(404, false);
+        return reply(res, 404, "message expired");
       }
-      let seconds: unknown;
-      try {
-        seconds = (JSON.parse(body.toString("utf8")) as { visibilityTimeoutSeconds?: unknown })
-          .visibilityTimeoutSeconds;
-      } catch {}
-      if (typeof seconds !== "number" || !Number.isInteger(seconds) || seconds < 0 || seconds > MAX_VISIBILITY_S) {
-        call(400);
+      if (
+        method === "PATCH" &&
+        (typeof seconds !== "number" || !Number.isInteger(seconds) || seconds < 0 || seconds > MAX_VISIBILITY_S)
+      ) {
+        call(400, false);
         return reply(res, 400, "visibilityTimeoutSeconds must be an integer in 0..3600");
       }
-      d.visibleAt = clock.now() + seconds * 1000;
-      call(200, seconds);
-      return reply(res, 200, { success: true });
+      if (method === "PATCH" && clock.now() + (seconds as number) * 1000 > m.expiresAt) {
+        call(400, false);
+        return reply(res, 400, "visibility timeout cannot extend beyond the message's expiration time");
+      }
+      const queued = leaseFaults.findIndex((f) => f.method === undefined || f.method === method);
+      const injected =
+        queued >= 0
+          ? leaseFaults.splice(queued, 1)[0]
+          : await fake.faults.leaseCall?.({
+              method,
+              topic,
+              group: groupName,
+              messageId: m.id,
+              ...(method === "PATCH" ? { visibilityTimeoutSeconds: seconds as number } : {}),
+            });
+      // A slow call may find its lease gone by the time it lands.
+      if (d.acked || d.dropped || d.receiptHandle !== handleId) {
+        call(409, false);
+        return reply(res, 409, "lease lost");
+      }
+      const apply = injected === undefined || injected.apply === true;
+      if (apply) {
+        if (method === "DELETE") {
+          d.acked = true;
+          d.receiptHandle = undefined;
+          handles.delete(handleId);
+        } else {
+          setVisibleAt(owner.group, m, d, clock.now() + (seconds as number) * 1000);
+        }
+      }
+      if (injected) {
+        call(injected.status, apply);
+        return replyFault(res, injected);
+      }
+      call(method === "DELETE" ? 204 : 200, true);
+      return method === "DELETE" ? reply(res, 204) : reply(res, 200, { success: true });
     }
     return reply(res, 404, "not found");
   };
@@ -385,7 +776,7 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
   const { port } = server.address() as AddressInfo;
   const url = `http://127.0.0.1:${port}`;
 
-  const callback = async (sub: PushSubscription, m: StoredMessage, d: Delivery): Promise<void> => {
+  const callback = async (sub: PushSubscription, group: GroupState, m: StoredMessage, d: Delivery): Promise<void> => {
     const headers: Record<string, string> = {
       "ce-type": "com.vercel.queue.v2beta",
       "ce-specversion": "1.0",
@@ -394,17 +785,19 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
       "ce-vqsqueuename": sub.topic,
       "ce-vqsconsumergroup": sub.group,
       "ce-vqsmessageid": m.id,
-      "ce-vqsregion": FAKE_REGION,
+      "ce-vqsregion": sub.region,
     };
     let handleId: string | undefined;
     let body: Buffer | undefined;
     if (sub.mode === "inline") {
-      handleId = lease(sub.topic, sub.group, m, d, sub.visibilityTimeoutSeconds);
+      // The server leases the message before it calls the route, for its own (short) lease.
+      handleId = lease(group, m, d, sub.leaseSeconds);
       Object.assign(headers, {
         "ce-vqsreceipthandle": handleId,
         "ce-vqsdeliverycount": String(d.deliveryCount),
         "ce-vqscreatedat": new Date(m.createdAt).toISOString(),
         "ce-vqsexpiresat": new Date(m.expiresAt).toISOString(),
+        "ce-vqsvisibilitydeadline": new Date(clock.now() + sub.leaseSeconds * 1000).toISOString(),
         "content-type": m.contentType,
       });
       body = m.body;
@@ -427,85 +820,129 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
     const current = handleId ?? d.receiptHandle;
     // A failed callback: Vercel redelivers after the trigger's retryAfterSeconds.
     if ((status < 200 || status > 299) && !d.acked && d.receiptHandle === current) {
-      d.visibleAt = clock.now() + sub.retryAfterSeconds * 1000;
+      setVisibleAt(group, m, d, clock.now() + sub.retryAfterSeconds * 1000);
     }
   };
 
-  return {
+  const allDeliveries = function* (): Generator<[GroupState, StoredMessage, Delivery]> {
+    for (const group of groups.values()) {
+      for (const [key, d] of group.deliveries) {
+        const m = messages.get(key);
+        if (m) yield [group, m, d];
+      }
+    }
+  };
+
+  const fake: FakeVercelQueues = {
     url,
     clock,
     sends,
     leaseCalls,
     callbacks,
-    clientOptions: () => ({
-      region: FAKE_REGION,
+    receives,
+    drops,
+    faults: options.faults ?? {},
+    clientOptions: (clientRegion = FAKE_REGION) => ({
+      region: clientRegion,
       token: FAKE_TOKEN,
       deploymentId: null,
-      resolveBaseUrl: () => new URL(url),
+      // The region is the first path segment, so the fake keeps regions apart.
+      resolveBaseUrl: (r: string) => new URL(`${url}/${r}`),
     }),
-    inject(topic, body) {
-      return store(topic, Buffer.from(body), "application/json", 0, DAY_S).id;
+    inject(topic, body, injectOptions = {}) {
+      return store(
+        injectOptions.region ?? FAKE_REGION,
+        injectOptions.deploymentId ?? null,
+        topic,
+        Buffer.from(body),
+        injectOptions.contentType ?? "application/json",
+        injectOptions.delaySeconds ?? 0,
+        injectOptions.retentionSeconds ?? DAY_S,
+      ).id;
     },
-    subscribePush(topic, route, options = {}) {
-      const group = options.group ?? `app_Sapi_Squeues_S${topic}_Sroute_Dts`;
-      groupOf(topic, group);
+    subscribePush(topic, route, subscribeOptions = {}) {
+      const region = subscribeOptions.region ?? FAKE_REGION;
+      const name = subscribeOptions.group ?? `app_Sapi_Squeues_S${topic}_Sroute_Dts`;
+      const group = groupOf(region, topic, name);
+      group.maxDeliveries = subscribeOptions.maxDeliveries ?? 32;
       pushes.push({
         topic,
-        group,
+        group: name,
+        region,
+        deploymentId: subscribeOptions.deploymentId ?? null,
         route,
-        retryAfterSeconds: options.retryAfterSeconds ?? 60,
-        visibilityTimeoutSeconds: options.visibilityTimeoutSeconds ?? 300,
-        mode: options.mode ?? "inline",
+        retryAfterSeconds: subscribeOptions.retryAfterSeconds ?? 60,
+        leaseSeconds: subscribeOptions.leaseSeconds ?? subscribeOptions.visibilityTimeoutSeconds ?? 60,
+        mode: subscribeOptions.mode ?? "inline",
       });
     },
-    async dispatch(options = {}) {
-      const concurrency = options.concurrency ?? 4;
+    setMaxDeliveries(topic, group, maxDeliveries, region = FAKE_REGION) {
+      groupOf(region, topic, group).maxDeliveries = maxDeliveries;
+    },
+    async dispatch(dispatchOptions = {}) {
       let made = 0;
       for (;;) {
-        const due: [PushSubscription, StoredMessage, Delivery][] = [];
-        for (const sub of pushes) for (const [m, d] of visible(sub.topic, sub.group)) due.push([sub, m, d]);
+        const due: [PushSubscription, GroupState, StoredMessage, Delivery][] = [];
+        for (const sub of pushes) {
+          const group = groupOf(sub.region, sub.topic, sub.group);
+          // A route of one deployment gets that deployment's messages; null: every partition.
+          const deployment = sub.deploymentId === null ? undefined : sub.deploymentId;
+          for (const [m, d] of visible(group, deployment)) due.push([sub, group, m, d]);
+        }
         if (due.length === 0) return made;
         let next = 0;
         const lane = async () => {
           while (next < due.length) {
-            const [sub, m, d] = due[next++] as [PushSubscription, StoredMessage, Delivery];
+            const [sub, group, m, d] = due[next++] as [PushSubscription, GroupState, StoredMessage, Delivery];
             // Another lane's callback may have changed it (e.g. a republish made it visible later).
-            if (d.acked || d.visibleAt > clock.now()) continue;
+            if (!alive(group, m, d) || d.visibleAt > clock.now()) continue;
             made += 1;
-            await callback(sub, m, d);
+            await callback(sub, group, m, d);
           }
         };
-        await Promise.all(Array.from({ length: concurrency }, lane));
+        const lanes = Math.min(due.length, dispatchOptions.concurrency ?? due.length);
+        await Promise.all(Array.from({ length: lanes }, lane));
       }
     },
     pending(topic, group) {
-      const now = clock.now();
+      // A group nobody consumed yet: it will start at the earliest message.
+      if (![...groups.values()].some((g) => g.topic === topic && g.name === group)) groupOf(FAKE_REGION, topic, group);
       let n = 0;
-      for (const [id, d] of groupOf(topic, group)) {
-        const m = messages.get(id);
-        if (m && !d.acked && m.expiresAt > now) n += 1;
+      for (const [g, m, d] of allDeliveries()) {
+        if (g.topic === topic && g.name === group && alive(g, m, d)) n += 1;
       }
       return n;
     },
     nextVisibleAt() {
-      const now = clock.now();
       let next: number | undefined;
-      for (const byGroup of groups.values()) {
-        for (const deliveries of byGroup.values()) {
-          for (const [id, d] of deliveries) {
-            const m = messages.get(id);
-            if (!m || d.acked || m.expiresAt <= now) continue;
-            if (next === undefined || d.visibleAt < next) next = d.visibleAt;
-          }
-        }
+      for (const [g, m, d] of allDeliveries()) {
+        if (!alive(g, m, d)) continue;
+        // A message whose last delivery ends is dropped then: that moment matters too.
+        const at = Math.min(d.visibleAt, m.expiresAt);
+        if (next === undefined || at < next) next = at;
       }
       return next;
     },
     deliveryCount(topic, group, messageId) {
-      return groups.get(topic)?.get(group)?.get(messageId)?.deliveryCount;
+      for (const [g, m, d] of allDeliveries()) {
+        if (g.topic === topic && g.name === group && m.id === messageId) return d.deliveryCount;
+      }
+      return undefined;
     },
     failSends(n) {
-      failingSends = n;
+      for (let i = 0; i < n; i++) sendFaults.push({ status: 500 });
+    },
+    failNextSends(...replies) {
+      sendFaults.push(...replies);
+    },
+    failLeaseCalls(n, failOptions = {}) {
+      for (let i = 0; i < n; i++) {
+        leaseFaults.push({
+          ...(failOptions.method ? { method: failOptions.method } : {}),
+          status: failOptions.status ?? 500,
+          apply: failOptions.apply === true,
+        });
+      }
     },
     close: () =>
       new Promise<void>((resolve, reject) => {
@@ -513,4 +950,5 @@ export async function startFakeVercelQueues(options: { start?: number } = {}): P
         server.close((error) => (error ? reject(error) : resolve()));
       }),
   };
+  return fake;
 }

@@ -179,6 +179,29 @@ export function queuePortContract(name: string, makeTransport: () => Promise<Con
       expect(seen[1]?.at).toBeGreaterThan(seen[0]?.at ?? Number.POSITIVE_INFINITY);
     });
 
+    test("a delivery left unacknowledged again and again keeps coming back past the attempt budget, so the harness can write its dead letter (#11 item 1)", async () => {
+      const { seen, queue } = scripted((n) =>
+        n <= 7 ? { outcome: "dead_letter_failed", ack: false, error: "db down" } : ack,
+      );
+      await transport.port.publish(queue, job());
+      await transport.settle(24 * 3_600_000);
+      // Past the default budget of 5 attempts, a letter that cannot be written keeps its job
+      // coming back — also past a provider's delivery cap of maxAttempts + 2.
+      expect(seen.map((s) => s.deliveryCount)).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
+    });
+
+    test("schedule weeks ahead delivers once, at runAt, with the due time it was scheduled for (#11 item 2)", async () => {
+      const { seen, queue } = scripted();
+      const runAt = transport.now() + 20 * 86_400_000;
+      await transport.port.schedule(queue, job(), new Date(runAt));
+      await transport.settle(30 * 86_400_000);
+      expect(seen).toHaveLength(1);
+      expect(seen[0]?.at).toBeGreaterThanOrEqual(runAt);
+      expect(seen[0]?.at).toBeLessThan(runAt + 1_000);
+      expect(seen[0]?.deliveryCount).toBe(1);
+      expect(seen[0]?.dueAt ?? runAt).toBe(runAt);
+    });
+
     test("publishing the same envelope twice without an idempotency key delivers it twice (a replay is never swallowed)", async () => {
       const { seen, queue } = scripted();
       const envelope = job();

@@ -1,12 +1,13 @@
 /** Test wiring: the Vercel adapter, through the real SDK, against the fake server. */
 import {
   createVercelQueue,
+  toVercelReplayTopic,
   toVercelTopic,
   type VercelQueue,
   type VercelQueueOptions,
 } from "../src/adapters/vercel/index.ts";
 import type { BoundConsumer } from "../src/queue-port.ts";
-import { type FakeVercelQueues, startFakeVercelQueues } from "./fake-vercel-queues.ts";
+import { type FakeVercelQueues, type FakeVercelQueuesOptions, startFakeVercelQueues } from "./fake-vercel-queues.ts";
 import { silentLogger } from "./fixtures.ts";
 import type { ContractTransport } from "./queue-port-contract.ts";
 
@@ -22,10 +23,17 @@ export interface VercelHarness extends ContractTransport {
  */
 export async function vercelHarness(
   mode: "push" | "poll",
-  options: Partial<VercelQueueOptions> & { retryAfterSeconds?: number } = {},
+  options: Partial<VercelQueueOptions> & {
+    /** The push trigger's retryAfterSeconds (fake subscription and route alike). */
+    retryAfterSeconds?: number;
+    /** The push trigger's maxDeliveries (fake subscription and route alike). */
+    maxDeliveries?: number;
+    /** How the fake server behaves (faults, limits, partitions). */
+    fake?: FakeVercelQueuesOptions;
+  } = {},
 ): Promise<VercelHarness> {
-  const fake = await startFakeVercelQueues();
-  const { retryAfterSeconds, ...adapterOptions } = options;
+  const { retryAfterSeconds, maxDeliveries, fake: fakeOptions, ...adapterOptions } = options;
+  const fake = await startFakeVercelQueues(fakeOptions);
   const queue = createVercelQueue({
     ...fake.clientOptions(),
     clock: fake.clock,
@@ -41,19 +49,36 @@ export async function vercelHarness(
     subscribe(consumer) {
       if (mode === "push") {
         // One consumer group per consumer, as one route file per consumer is on Vercel.
-        fake.subscribePush(toVercelTopic(consumer.queue), queue.pushHandler(consumer), {
-          group: `route_${toVercelTopic(consumer.name)}`,
+        const trigger = {
           ...(retryAfterSeconds !== undefined ? { retryAfterSeconds } : {}),
-        });
+          ...(maxDeliveries !== undefined ? { maxDeliveries } : {}),
+        };
+        const route = queue.pushHandler(consumer, trigger);
+        const subscription = { group: `route_${toVercelTopic(consumer.name)}`, ...trigger };
+        fake.subscribePush(toVercelTopic(consumer.queue), route, subscription);
+        // The same route's second trigger: the consumer's replay topic (#10 item 3).
+        fake.subscribePush(toVercelReplayTopic(consumer.queue, consumer.name), route, subscription);
       } else {
         polled.push(consumer);
+        if (maxDeliveries !== undefined) {
+          fake.setMaxDeliveries(toVercelTopic(consumer.queue), toVercelTopic(consumer.name), maxDeliveries);
+          const replays = toVercelReplayTopic(consumer.queue, consumer.name);
+          fake.setMaxDeliveries(replays, toVercelTopic(consumer.name), maxDeliveries);
+        }
       }
     },
     async settle(horizonMs = 3_600_000) {
       const limit = fake.clock.now() + horizonMs;
       for (let round = 0; round < 10_000; round++) {
         if (mode === "push") await fake.dispatch();
-        else for (const consumer of polled) await queue.receiveAvailable(consumer, { concurrency: 2 });
+        else {
+          for (const consumer of polled) {
+            await queue.receiveAvailable(consumer, {
+              concurrency: 2,
+              ...(maxDeliveries !== undefined ? { maxDeliveries } : {}),
+            });
+          }
+        }
         const next = fake.nextVisibleAt();
         if (next === undefined || next > limit) return;
         fake.clock.advanceTo(next);

@@ -55,6 +55,13 @@ export type DeadLetterErrorClass = (typeof ERROR_CLASSES)[number];
 /** Longest `last_error` kept, in characters; longer messages are cut. */
 export const LAST_ERROR_MAX = 4000;
 
+/**
+ * A Postgres regex that matches text holding at least one character that
+ * JavaScript's `trim()` would keep: the database's "not blank".
+ */
+export const NOT_BLANK_PATTERN =
+  "[^\\t\\n\\v\\f\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff]";
+
 const inList = (values: readonly string[]) => sql.raw(values.map((v) => `'${v}'`).join(", "));
 
 /**
@@ -122,14 +129,20 @@ export const deadLetters = core.table(
     // them, or one batch's (#9 item 13).
     index("dead_letters_replayed_idx").on(t.id).where(sql`${t.status} = 'replayed'`),
     index("dead_letters_replayed_batch_idx").on(t.replayBatchId, t.id).where(sql`${t.status} = 'replayed'`),
+    // What one operator replayed directly over the approval window (#10 item 4).
+    index("dead_letters_direct_replays_idx")
+      .on(t.statusChangedBy, t.statusChangedAt)
+      .where(sql`${t.status} = 'replayed' and ${t.replayBatchId} is null`),
     check("dead_letters_status_valid", sql`${t.status} in (${inList(DEAD_LETTER_STATUSES)})`),
     check("dead_letters_error_class_valid", sql`${t.errorClass} in (${inList(ERROR_CLASSES)})`),
     check("dead_letters_payload_encoding_valid", sql`${t.payloadEncoding} in ('utf8', 'base64')`),
     check("dead_letters_attempts_nonnegative", sql`${t.attempts} >= 0`),
     check("dead_letters_last_error_bounded", sql`char_length(${t.lastError}) <= ${sql.raw(String(LAST_ERROR_MAX))}`),
+    // Not blank by JavaScript's trim(), the API's rule: tabs, line breaks and
+    // Unicode spaces are blank too (migration 0009, #10 item 7).
     check(
-      "dead_letters_discard_needs_reason",
-      sql`${t.status} <> 'discarded' or (${t.statusReason} is not null and btrim(${t.statusReason}) <> '')`,
+      "dead_letters_discard_reason_not_blank",
+      sql`${t.status} <> 'discarded' or (${t.statusReason} is not null and ${t.statusReason} ~ '${sql.raw(NOT_BLANK_PATTERN)}')`,
     ),
     check(
       "dead_letters_status_change_recorded",
@@ -186,6 +199,11 @@ export const replayBatches = core.table(
     replayed: integer("replayed").notNull().default(0),
     skipped: integer("skipped").notNull().default(0),
     failedAgain: integer("failed_again").notNull().default(0),
+    /** Replayed jobs whose fence the runner found (they succeeded); kept incrementally, like `failedAgain`. */
+    succeeded: integer("succeeded").notNull().default(0),
+    /** Replayed jobs resolved since `rateWindowStart`: what the failure-rate pause compares. */
+    windowSucceeded: integer("window_succeeded").notNull().default(0),
+    windowFailedAgain: integer("window_failed_again").notNull().default(0),
     samplePassedAt: timestamp("sample_passed_at", { withTimezone: true }),
     /** Failure-rate checks count only jobs replayed since this time (set on start and on each resume). */
     rateWindowStart: timestamp("rate_window_start", { withTimezone: true }),
@@ -207,11 +225,15 @@ export const replayBatches = core.table(
     check("replay_batches_sample_size_positive", sql`${t.sampleSize} is null or ${t.sampleSize} > 0`),
     check("replay_batches_failure_rate_range", sql`${t.maxFailureRate} > 0 and ${t.maxFailureRate} <= 1`),
     index("replay_batches_status_idx").on(t.status, t.createdAt),
+    // What one requester asked to replay over the approval window (#10 item 4).
+    index("replay_batches_requester_idx").on(t.requestedBy, t.createdAt),
   ],
 );
 
 export const REPLAY_ITEM_STATES = ["pending", "replayed", "skipped"] as const;
 export type ReplayItemState = (typeof REPLAY_ITEM_STATES)[number];
+export const REPLAY_ITEM_RESOLUTIONS = ["succeeded", "failed_again"] as const;
+export type ReplayItemResolution = (typeof REPLAY_ITEM_RESOLUTIONS)[number];
 
 /** The letters a batch selected, in replay order. `skipped`: no longer pending when its turn came. */
 export const replayBatchItems = core.table(
@@ -227,10 +249,20 @@ export const replayBatchItems = core.table(
     state: text("state").$type<ReplayItemState>().notNull().default("pending"),
     inSample: boolean("in_sample").notNull().default(false),
     replayedAt: timestamp("replayed_at", { withTimezone: true }),
+    /** What became of the replayed job, once the runner found out (final: a fenced job cannot fail again). */
+    resolution: text("resolution").$type<ReplayItemResolution>(),
   },
   (t) => [
     primaryKey({ columns: [t.batchId, t.deadLetterId] }),
     index("replay_batch_items_order_idx").on(t.batchId, t.state, t.position),
+    // The runner resolves a bounded page of these per step (#10 item 10).
+    index("replay_batch_items_unresolved_idx")
+      .on(t.batchId, t.replayedAt)
+      .where(sql`${t.state} = 'replayed' and ${t.resolution} is null`),
+    check(
+      "replay_batch_items_resolution_valid",
+      sql`${t.resolution} is null or ${t.resolution} in (${inList(REPLAY_ITEM_RESOLUTIONS)})`,
+    ),
     check("replay_batch_items_state_valid", sql`${t.state} in (${inList(REPLAY_ITEM_STATES)})`),
   ],
 );

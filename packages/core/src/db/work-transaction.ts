@@ -25,9 +25,9 @@
  *   ReadyForQuery; on other drivers, the same transaction id before COMMIT.
  * - a job that has a `pending_review` dead letter never runs its handler and
  *   never commits a fence: the dead-letter decision holds the fence key while
- *   it writes the letter (`decideDeadLetter`), and the statement pipelined
- *   right after the fence looks for a pending letter once the fence is done
- *   waiting (LETTER_SQL).
+ *   it writes the letter (`decideDeadLetter`), and the fence insert itself
+ *   looks for a pending letter once it is done waiting (FENCE_SQL,
+ *   `core.fence_opened`).
  */
 import { is, sql } from "drizzle-orm";
 import type { PgDialect } from "drizzle-orm/pg-core";
@@ -106,28 +106,28 @@ export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOp
 
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
 /**
- * The fence. A new one also sets the server-side bounds for the rest of the
- * transaction (RETURNING runs only for an inserted row): a statement that
- * runs too long, and a transaction left idle by a frozen client, which would
- * otherwise hold the fence key, and every redelivery waiting on it, forever.
- * One row: new.
+ * The fence. For a new row (RETURNING runs only for an inserted one),
+ * `core.fence_opened` (migration 0011) also:
+ * - sets the server-side bounds for the rest of the transaction: a statement
+ *   that runs too long, and a transaction left idle by a frozen client, which
+ *   would otherwise hold the fence key, and every redelivery waiting on it,
+ *   forever;
+ * - returns the job's pending dead letter ("<id> <class>"), else NULL: a
+ *   pending letter — written before, or by a dead-letter decision that held
+ *   the fence key while this insert waited for it — means the handler must
+ *   not run (its outside effects would happen for a job waiting for review)
+ *   and nothing may commit: never a fence beside a pending letter. The
+ *   function is VOLATILE, so its query takes a fresh snapshot after the
+ *   insert is done waiting and sees a letter committed meanwhile (the
+ *   insert's own snapshot would not); FOR SHARE waits for a replay that is
+ *   changing the letter's status right now and reads what it committed.
+ * One row: new. A conflict (no row) is a duplicate: the job's fence committed,
+ * so it has no pending letter.
  */
 const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing
-  returning set_config('statement_timeout', $3, true) as st, set_config('idle_in_transaction_session_timeout', $3, true) as it`;
-/**
- * Sent right after the fence (pipelined with it), so it runs once the fence
- * insert is done waiting, on a fresh snapshot: a pending dead letter for the
- * job — written before, or by a dead-letter decision that held the fence key
- * while this fence waited for it — means the handler must not run (its
- * outside effects would happen for a job waiting for review) and nothing may
- * commit: never a fence beside a pending letter. FOR SHARE waits for a replay
- * that is changing the letter's status right now (it publishes before it
- * commits) and reads the status it committed.
- */
-const LETTER_SQL =
-  "select id::text || ' ' || error_class as detail from core.dead_letters where job_id = $1 and consumer = $2 and status = 'pending_review' limit 1 for share";
+  returning core.fence_opened($1, $2, $3) as detail`;
 
-/** The outcome of a letter found by LETTER_SQL (detail "<id> <class>"). */
+/** The outcome of a pending letter found with the fence (detail "<id> <class>"). */
 function letterOutcome(detail: string): WorkOutcome {
   const [deadLetterId, errorClass] = detail.split(" ");
   return { status: "dead_lettered", deadLetterId: deadLetterId ?? "unknown", errorClass: errorClass ?? "unknown" };
@@ -206,21 +206,18 @@ function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
         // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
         // and then sees the conflict: two parallel deliveries give one effect.
         const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
-        const [fence] = rowsOf<{ inserted: number; xid: string }>(
+        // The same fence statement as the pipelined path (FENCE_SQL), plus the
+        // transaction id the COMMIT check below compares with.
+        const [fence] = rowsOf<{ inserted: number; detail: string | null; xid: string }>(
           await tx.execute(sql`with fence as (
-  insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing returning 1
+  insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing
+  returning core.fence_opened(${target.jobId}, ${target.consumer}, ${timeout}) as detail
 )
-select (select count(*)::int from fence) as inserted, txid_current()::text as xid,
-  set_config('statement_timeout', ${timeout}, true) as st, set_config('idle_in_transaction_session_timeout', ${timeout}, true) as it`),
+select (select count(*)::int from fence) as inserted, (select detail from fence) as detail, txid_current()::text as xid`),
         );
-        const [letter] = rowsOf<{ detail: string }>(
-          await tx.execute(
-            sql`select id::text || ' ' || error_class as detail from core.dead_letters where job_id = ${target.jobId} and consumer = ${target.consumer} and status = 'pending_review' limit 1 for share`,
-          ),
-        );
-        if (letter) {
-          outcome = letterOutcome(letter.detail);
-          throw ROLL_BACK; // the fence, if it was written, must not commit
+        if (fence?.detail) {
+          outcome = letterOutcome(fence.detail);
+          throw ROLL_BACK; // the fence must not commit
         }
         if (!fence || fence.inserted === 0) return { status: "duplicate" } as const;
         started = true;
@@ -400,15 +397,12 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
           ["begin", []],
           ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
           [FENCE_SQL, [target.jobId, target.consumer, timeout]],
-          [LETTER_SQL, [target.jobId, target.consumer]],
         ]);
         for (const s of settled) if (s.status === "rejected") throw s.reason;
-        const [fenced, checked] = settled.slice(-2);
-        if (fenced?.status !== "fulfilled" || checked?.status !== "fulfilled") {
-          throw new Error("the fence insert did not answer");
-        }
+        const fenced = settled[settled.length - 1];
+        if (fenced?.status !== "fulfilled") throw new Error("the fence insert did not answer");
         inserted = fenced.value.length > 0;
-        letter = (checked.value[0] as { detail?: string } | undefined)?.detail;
+        letter = (fenced.value[0] as { detail?: string | null } | undefined)?.detail ?? undefined;
       } catch (error) {
         throw new WorkNotStartedError(error);
       }

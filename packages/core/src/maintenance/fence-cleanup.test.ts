@@ -205,7 +205,8 @@ describe("fence TTL cleanup", () => {
       values (${letterId}, ${jobId as string}, ${consumer.queue}, ${consumer.name}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
     // The replay is published; nobody has received it yet.
     const queue = createMemoryQueue({ clock: createManualClock() });
-    const ops = createOps({ db: pg.db, queue });
+    // The consumer runs elsewhere (it subscribes below): the registry names its route.
+    const ops = createOps({ db: pg.db, queue, routes: [{ queue: consumer.queue, consumer: consumer.name }] });
     const replayed = await ops.deadLetters.replay([letterId], { operator: "ana", reason: "provider fixed" });
     expect(replayed.counts).toEqual({ replayed: 1 });
     expect(queue.pending()).toBe(1);

@@ -7,6 +7,11 @@
  * too many of its replayed jobs failed again. It can be paused, resumed and
  * stopped, and it expires. The row keeps filter, people, reason, timings,
  * counts and why it stopped.
+ *
+ * Bounded work per step (#10 item 10): the counts are kept incrementally on
+ * the row; each step resolves at most `RESOLVE_PAGE` replayed items (an item
+ * remembers whether its job succeeded or failed again, which is final), so a
+ * step costs the same at the 100,000th letter as at the first.
  */
 import { hostname } from "node:os";
 import { and, asc, desc, eq, gt, inArray, isNull, lt, or, sql } from "drizzle-orm";
@@ -20,9 +25,10 @@ import {
   replayBatches,
   replayBatchItems,
 } from "../db/schema.ts";
-import { OpsError } from "../errors.ts";
+import { describeError, OpsError } from "../errors.ts";
 import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import { type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
+import { markAudited } from "./refusals.ts";
 
 export interface BatchPolicy {
   /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
@@ -35,6 +41,18 @@ export interface BatchPolicy {
   readonly sampleTimeoutMs: number;
   /** Jobs that must have resolved before the failure rate can pause the batch. @default 5 */
   readonly minResolvedForRate: number;
+  /**
+   * Replays of one runner in flight at once: replays start at the batch's
+   * rate, and this many may still be publishing, so the rate is kept however
+   * long one publish takes. @default 32
+   */
+  readonly maxInFlight: number;
+  /**
+   * The rolling window over which `approvalThreshold` counts what one
+   * requester replays: unapproved batches and direct replays together.
+   * @default 86_400_000 (24 h)
+   */
+  readonly approvalWindowMs: number;
 }
 
 export const DEFAULT_BATCH_POLICY: BatchPolicy = {
@@ -44,7 +62,15 @@ export const DEFAULT_BATCH_POLICY: BatchPolicy = {
   // Longer than the default retry window (7.5 min): a sample job may retry before it resolves.
   sampleTimeoutMs: 600_000,
   minResolvedForRate: 5,
+  maxInFlight: 32,
+  approvalWindowMs: 86_400_000,
 };
+
+/** How far behind its schedule a runner may catch up (its own bookkeeping), at most. */
+const CATCH_UP_MS = 250;
+
+/** Replayed items a runner step resolves at most (and `get` looks at live). */
+export const RESOLVE_PAGE = 1000;
 
 const createSchema = z.strictObject({
   filter: deadLetterFilterSchema.default({}),
@@ -132,6 +158,9 @@ export class ReplayBatches {
         );
       }
       const filter = { ...parsed.filter, status: undefined };
+      // The threshold counts what this requester replayed without approval
+      // over the window too: splitting a selection (`limit`) does not avoid it.
+      const recent = await this.#ops.replayedWithoutApproval(parsed.operator);
       await this.#db.transaction(async (tx) => {
         const letters = await tx
           .select({ id: deadLetters.id })
@@ -142,7 +171,7 @@ export class ReplayBatches {
         if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
         await tx.insert(replayBatches).values({
           id,
-          status: letters.length > this.#policy.approvalThreshold ? "awaiting_approval" : "ready",
+          status: letters.length + recent > this.#policy.approvalThreshold ? "awaiting_approval" : "ready",
           filter: jsonFilter(parsed.filter),
           requestedBy: parsed.operator,
           reason: parsed.reason,
@@ -209,6 +238,8 @@ export class ReplayBatches {
       await this.#transition(id, ["paused"], "ready", {
         stopReason: null,
         rateWindowStart: now,
+        windowSucceeded: 0,
+        windowFailedAgain: 0,
         // Only a sample that ran and failed is accepted by resuming; a pause
         // for any other reason keeps the sample requirement.
         ...(batch.sampleSize && !batch.samplePassedAt && batch.stopReason?.startsWith("sample:")
@@ -232,64 +263,90 @@ export class ReplayBatches {
     });
   }
 
-  /** The batch with live counts: how many replayed jobs succeeded, failed again, or are unresolved. */
+  /**
+   * The batch with its counts: the row's (kept by the runner), plus a
+   * read-only look at up to `RESOLVE_PAGE` replayed jobs the runner has not
+   * resolved yet (so a finished batch shows what became of its last jobs).
+   * It writes nothing: a read-only command never changes the database.
+   */
   async get(id: string): Promise<BatchView> {
     const batch = await this.#load(id);
-    const stats = await this.#stats(id, null);
-    const [pending] = await this.#db
-      .select({ n: sql<number>`count(*)::int` })
-      .from(replayBatchItems)
-      .where(and(eq(replayBatchItems.batchId, id), eq(replayBatchItems.state, "pending")));
+    const live = await this.#unresolvedNow(id);
+    const failedAgain = batch.failedAgain + live.failedAgain;
+    const succeeded = batch.succeeded + live.succeeded;
     return {
       ...batch,
-      failedAgain: stats.failedAgain,
-      succeeded: stats.succeeded,
-      unresolved: stats.unresolved,
-      pending: pending?.n ?? 0,
+      failedAgain,
+      succeeded,
+      unresolved: Math.max(0, batch.replayed - failedAgain - succeeded),
+      pending: Math.max(0, batch.selected - batch.replayed - batch.skipped),
     };
   }
 
-  async list(options: { status?: ReplayBatchStatus; limit?: number } = {}): Promise<ReplayBatchRow[]> {
+  /** Batches, newest first, a page at a time: pass `cursor` (the last id of a page) for the next. */
+  async list(options: { status?: ReplayBatchStatus; limit?: number; cursor?: string } = {}): Promise<ReplayBatchRow[]> {
     // A misspelt status is an error, never an empty (or wider) list.
-    const status = parseInput(z.enum(REPLAY_BATCH_STATUSES).optional(), options.status, "status");
+    const status =
+      options?.status === undefined ? undefined : parseInput(z.enum(REPLAY_BATCH_STATUSES), options.status, "status");
+    const cursor =
+      options?.cursor === undefined
+        ? undefined
+        : parseInput(z.uuid({ error: "is not a cursor from a previous page" }), options.cursor, "cursor");
     return this.#db
       .select()
       .from(replayBatches)
-      .where(status ? eq(replayBatches.status, status) : undefined)
+      .where(
+        and(status ? eq(replayBatches.status, status) : undefined, cursor ? lt(replayBatches.id, cursor) : undefined),
+      )
       .orderBy(desc(replayBatches.id))
-      .limit(Math.min(Math.max(options.limit ?? 50, 1), 500));
+      .limit(Math.min(Math.max(options?.limit ?? 50, 1), 500));
   }
 
   /**
    * Runs the batch until it completes, pauses, is stopped or expires (or
-   * `maxDurationMs` passes). One runner at a time: a lease on the row, renewed
-   * before every replay together with the check that the batch is still
-   * running and unexpired, so a pause, stop or expiry takes effect at the next
-   * letter and a runner that lost its lease stops.
+   * `maxDurationMs` passes). One runner at a time: a lease on the row,
+   * renewed by a heartbeat every third of `leaseMs` for as long as the run
+   * lasts — through slow publishes, the pause between replays at a low rate
+   * and the wait for the sample (#10 item 9) — and checked before every
+   * replay together with the batch still running and unexpired, so a pause,
+   * stop or expiry takes effect at the next letter and a runner that lost its
+   * lease stops. A refused run, and every pause the runner makes itself
+   * (interrupted, sample, failure rate, a failed or unroutable replay), is audited.
    */
   async run(id: string, options: RunOptions): Promise<BatchView> {
-    const operator = parseInput(operatorSchema, options?.operator, "operator");
+    const operator = operatorName(options?.operator);
+    const refuse = async (error: unknown): Promise<never> => {
+      await this.#ops
+        .audit({
+          operator,
+          action: "batch.run",
+          scope: { batchId: id },
+          // Like every library refusal (#audited): a state or rule that refused it is "rejected".
+          result: error instanceof OpsError ? "rejected" : "error",
+          detail: error instanceof Error ? error.message : String(error),
+        })
+        .catch(() => {});
+      throw markAudited(error); // the HTTP layer must not audit it a second time
+    };
+    let first: ReplayBatchRow;
+    try {
+      parseInput(operatorSchema, options?.operator, "operator");
+      first = await this.#load(id);
+      if (first.status === "awaiting_approval")
+        throw new OpsError("CONFLICT", `batch ${id} awaits approval by a second operator`);
+      if (first.status === "paused") {
+        throw new OpsError("CONFLICT", `batch ${id} is paused (${first.stopReason ?? "no reason"}); resume it first`);
+      }
+    } catch (error) {
+      return refuse(error);
+    }
     const runner = `${operator}@${hostname()}:${process.pid}:${uuidv7().slice(-8)}`;
     const clock = this.#ops.clock;
     const startedAt = clock.now();
     let published = 0;
-
-    const first = await this.#load(id);
-    if (first.status === "awaiting_approval")
-      throw new OpsError("CONFLICT", `batch ${id} awaits approval by a second operator`);
-    if (first.status === "paused") {
-      throw new OpsError("CONFLICT", `batch ${id} is paused (${first.stopReason ?? "no reason"}); resume it first`);
-    }
     if (TERMINAL.includes(first.status)) return this.get(id);
     if (first.expiresAt.getTime() <= startedAt) return this.#finish(id, "expired", "expired before it finished");
 
-    await this.#ops.audit({
-      operator,
-      action: "batch.run",
-      scope: { batchId: id },
-      result: "ok",
-      detail: `runner ${runner}`,
-    });
     const leased = await this.#db
       .update(replayBatches)
       .set({
@@ -307,8 +364,47 @@ export class ReplayBatches {
         ),
       )
       .returning({ id: replayBatches.id });
-    if (leased.length === 0)
-      throw new OpsError("CONFLICT", `batch ${id} is being run by another runner (or changed state)`);
+    if (leased.length === 0) {
+      const now = await this.#load(id);
+      return refuse(
+        new OpsError(
+          "CONFLICT",
+          now.leaseOwner
+            ? `batch ${id} is being run by another runner (${now.leaseOwner})`
+            : `batch ${id} is being run by another runner (or changed state: it is ${now.status})`,
+        ),
+      );
+    }
+    await this.#ops.audit({
+      operator,
+      action: "batch.run",
+      scope: { batchId: id },
+      result: "ok",
+      detail: `runner ${runner}`,
+    });
+
+    const renewLease = () =>
+      this.#db
+        .update(replayBatches)
+        .set({ leaseExpiresAt: new Date(clock.now() + this.#policy.leaseMs) })
+        .where(
+          and(eq(replayBatches.id, id), eq(replayBatches.leaseOwner, runner), eq(replayBatches.status, "running")),
+        );
+    // The heartbeat: a wait longer than the lease (a slow publish, a rate
+    // below one per lease) must not let a second runner take over mid-letter.
+    let beat: Promise<unknown> | undefined;
+    const heartbeat = setInterval(
+      () => {
+        if (beat) return; // one renewal at a time
+        beat = renewLease()
+          .catch(() => {}) // the next beat tries again; stillMine() decides
+          .finally(() => {
+            beat = undefined;
+          });
+      },
+      Math.max(10, this.#policy.leaseMs / 3),
+    );
+    heartbeat.unref();
 
     /** Renews the lease if this runner still holds a running, unexpired batch; false means stop. */
     const stillMine = async () => {
@@ -326,17 +422,29 @@ export class ReplayBatches {
         .returning({ id: replayBatches.id });
       return renewed.length > 0;
     };
-    const pauseIfRunning = (stopReason: string) =>
-      this.#db
+    /** Pauses the batch if this runner still runs it, and audits the pause as an action. */
+    const pauseIfRunning = async (stopReason: string, cause: string) => {
+      const paused = await this.#db
         .update(replayBatches)
         .set({ status: "paused", stopReason })
-        .where(
-          and(eq(replayBatches.id, id), eq(replayBatches.status, "running"), eq(replayBatches.leaseOwner, runner)),
-        );
+        .where(and(eq(replayBatches.id, id), eq(replayBatches.status, "running"), eq(replayBatches.leaseOwner, runner)))
+        .returning({ id: replayBatches.id });
+      if (paused.length > 0) {
+        await this.#ops.audit({
+          operator,
+          action: "batch.pause",
+          scope: { batchId: id, automatic: cause !== "interrupted", cause },
+          result: "ok",
+          detail: stopReason,
+        });
+      }
+    };
 
     const intervalMs = 1000 / first.ratePerSecond;
-    // The next replay's earliest time; waiting (for a sample) earns no credit,
-    // so the batch never bursts above its rate.
+    // The next replay's earliest time, on a fixed schedule: a runner that fell
+    // behind by its own bookkeeping (a chunk's queries, at most CATCH_UP_MS)
+    // catches up, so the batch keeps its rate on average; waiting (for a
+    // sample) earns no credit, so the batch never bursts after it.
     let nextDue = startedAt + intervalMs;
     const progress = async () => {
       if (!options.onProgress) return;
@@ -345,108 +453,167 @@ export class ReplayBatches {
       options.onProgress({ batch, rate: published / elapsed, etaSeconds: batch.pending / first.ratePerSecond });
     };
 
+    /** What the latest check of the lease said (the lease was just taken: this runner's). */
+    let lastMine = true;
+    /** Why the runner must pause (a failed or unroutable replay, the failure rate), once something said so. */
+    let stopped: { reason: string; cause: string } | undefined;
+    /**
+     * The stop conditions run beside the replays, one check at a time, not
+     * between them: their cost (bounded, RESOLVE_PAGE jobs) never stretches
+     * the interval between two replays. What they find takes effect at the
+     * next letter.
+     */
+    let checking: Promise<void> | undefined;
+    const check = async (maxFailureRate: number, inSample: boolean) => {
+      // Bounded: at most RESOLVE_PAGE replayed jobs are looked at, each once
+      // resolved; the counts on the row grow with what this step found.
+      const resolved = await this.#resolve(id);
+      if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
+      const window = await this.#load(id);
+      const windowResolved = window.windowSucceeded + window.windowFailedAgain;
+      if (
+        !inSample &&
+        windowResolved >= this.#policy.minResolvedForRate &&
+        window.windowFailedAgain / windowResolved > maxFailureRate
+      ) {
+        const rate = Math.round((window.windowFailedAgain / windowResolved) * 100);
+        stopped ??= {
+          reason: `failure rate ${rate}% (${window.windowFailedAgain} of ${windowResolved} resolved replays failed again) is over ${Math.round(maxFailureRate * 100)}%`,
+          cause: "failure_rate",
+        };
+      }
+    };
+    const settleCheck = async () => {
+      await checking?.catch(() => {}); // a failed check is retried after the next chunk
+    };
+
+    // Replays START at the batch's rate; each runs on its own (at most
+    // `maxInFlight` at once), so a slow publish or database round trip does
+    // not slow the rate down: it is limited by the pacing.
+    const inFlight = new Map<string, Promise<void>>();
+    const drain = () => Promise.all(inFlight.values());
+    const replay = async (deadLetterId: string) => {
+      const result = await this.#ops.replayOne(deadLetterId, {
+        operator,
+        reason: `batch ${id}: ${first.reason}`,
+        batchId: id,
+      });
+      if (result.outcome === "failed" || result.outcome === "not_routable") {
+        // The letter stays pending; the operator decides (fix the route or the transport, then resume).
+        stopped ??= {
+          reason: `${result.outcome === "failed" ? "replay failed" : "replay not routable"}: ${result.detail}`,
+          cause: result.outcome === "failed" ? "replay_failed" : "not_routable",
+        };
+        return;
+      }
+      published += 1;
+      // A letter this batch already replayed (an earlier runner of it) counts as replayed.
+      const replayed =
+        result.outcome === "replayed" || (result.outcome === "not_pending" && result.replayBatchId === id);
+      await this.#record(id, deadLetterId, replayed ? "replayed" : "skipped");
+    };
+
     try {
       for (;;) {
-        const batch = await this.#load(id);
-        if (batch.status !== "running" || batch.leaseOwner !== runner) return this.get(id);
-        if (batch.expiresAt.getTime() <= clock.now()) return this.#finish(id, "expired", "expired before it finished");
-        if (options.signal?.aborted) {
-          await pauseIfRunning(`interrupted: runner of ${operator} was stopped`);
+        if (stopped) {
+          await drain();
+          await settleCheck();
+          await pauseIfRunning(stopped.reason, stopped.cause);
           return this.get(id);
         }
-        if (options.maxDurationMs !== undefined && clock.now() - startedAt >= options.maxDurationMs)
+        const batch = await this.#load(id);
+        if (batch.status !== "running" || batch.leaseOwner !== runner) {
+          await drain();
           return this.get(id);
+        }
+        if (batch.expiresAt.getTime() <= clock.now()) {
+          await drain();
+          return this.#finish(id, "expired", "expired before it finished");
+        }
+        if (options.signal?.aborted) {
+          await drain();
+          await pauseIfRunning(`interrupted: runner of ${operator} was stopped`, "interrupted");
+          return this.get(id);
+        }
+        if (options.maxDurationMs !== undefined && clock.now() - startedAt >= options.maxDurationMs) {
+          await drain();
+          return this.get(id);
+        }
 
         const inSample = Boolean(batch.sampleSize) && !batch.samplePassedAt;
-        const items = await this.#db
-          .select({ deadLetterId: replayBatchItems.deadLetterId })
-          .from(replayBatchItems)
-          .where(
-            and(
-              eq(replayBatchItems.batchId, id),
-              eq(replayBatchItems.state, "pending"),
-              inSample ? eq(replayBatchItems.inSample, true) : undefined,
-            ),
-          )
-          .orderBy(asc(replayBatchItems.position))
-          .limit(batch.batchSize);
+        // Letters in flight are still pending until recorded: asked for and left out.
+        const items = (
+          await this.#db
+            .select({ deadLetterId: replayBatchItems.deadLetterId })
+            .from(replayBatchItems)
+            .where(
+              and(
+                eq(replayBatchItems.batchId, id),
+                eq(replayBatchItems.state, "pending"),
+                inSample ? eq(replayBatchItems.inSample, true) : undefined,
+              ),
+            )
+            .orderBy(asc(replayBatchItems.position))
+            .limit(batch.batchSize + inFlight.size)
+        ).filter((item) => !inFlight.has(item.deadLetterId));
 
+        if (items.length === 0 && inFlight.size > 0) {
+          await drain(); // then look again: the sample gate and completion need every replay recorded
+          continue;
+        }
         if (inSample && items.length === 0) {
           const verdict = await this.#awaitSample(id, stillMine, options.signal);
           if (verdict === "lost") continue; // paused, stopped, expired or taken over: the top of the loop says which
           if (verdict !== "passed") {
-            await pauseIfRunning(verdict);
+            await pauseIfRunning(verdict, verdict.startsWith("sample:") ? "sample" : "interrupted");
             return this.get(id);
           }
           await this.#db.update(replayBatches).set({ samplePassedAt: this.#now() }).where(eq(replayBatches.id, id));
+          nextDue = clock.now() + intervalMs; // the wait earned nothing
           continue;
         }
-        if (items.length === 0) return this.#finish(id, "completed", null);
+        if (items.length === 0) {
+          // The last check decides first: a failure rate it found still pauses the batch.
+          await settleCheck();
+          if (stopped) continue;
+          return this.#finish(id, "completed", null);
+        }
 
-        for (const item of items) {
+        for (const item of items.slice(0, batch.batchSize)) {
+          // The check that the batch is still this runner's, running and
+          // unexpired goes out while the runner waits for the letter's turn
+          // (its round trip overlaps the interval), and the letter starts
+          // only once it said yes: a pause, stop or expiry takes effect at
+          // the next letter.
+          const mine = stillMine().catch(() => false);
           const wait = nextDue - clock.now();
           if (wait > 0) await sleep(wait, options.signal);
-          if (options.signal?.aborted || !(await stillMine())) break;
-          nextDue = Math.max(nextDue, clock.now()) + intervalMs;
-          const result = await this.#ops.replayOne(item.deadLetterId, {
-            operator,
-            reason: `batch ${id}: ${batch.reason}`,
-            batchId: id,
-          });
-          if (result.outcome === "failed") {
-            await pauseIfRunning(`replay failed: ${result.detail}`);
-            return this.get(id);
-          }
-          published += 1;
-          // A letter this batch already replayed (an earlier runner of it) counts as replayed.
-          const replayed =
-            result.outcome === "replayed" || (result.outcome === "not_pending" && result.replayBatchId === id);
-          const changed = await this.#db
-            .update(replayBatchItems)
-            .set({ state: replayed ? "replayed" : "skipped", replayedAt: this.#now() })
-            .where(
-              and(
-                eq(replayBatchItems.batchId, id),
-                eq(replayBatchItems.deadLetterId, item.deadLetterId),
-                eq(replayBatchItems.state, "pending"),
-              ),
-            )
-            .returning({ id: replayBatchItems.deadLetterId });
-          if (changed.length > 0) {
-            await this.#db
-              .update(replayBatches)
-              .set(
-                replayed
-                  ? { replayed: sql`${replayBatches.replayed} + 1` }
-                  : { skipped: sql`${replayBatches.skipped} + 1` },
-              )
-              .where(eq(replayBatches.id, id));
-          }
+          lastMine = await mine;
+          if (!lastMine || stopped || options.signal?.aborted) break;
+          nextDue = Math.max(nextDue, clock.now() - CATCH_UP_MS) + intervalMs;
+          const running = replay(item.deadLetterId)
+            .catch((error: unknown) => {
+              // Recording the replay failed (the database): stop here, the operator resumes.
+              stopped ??= { reason: `replay failed: ${describeError(error)}`, cause: "replay_failed" };
+            })
+            .finally(() => inFlight.delete(item.deadLetterId));
+          inFlight.set(item.deadLetterId, running);
+          if (inFlight.size >= this.#policy.maxInFlight) await Promise.race(inFlight.values());
         }
-
-        // The window first, the whole batch after: failures only grow, so the
-        // counts recorded (and the metric) never lag behind what the pause
-        // decision below saw.
-        const window = await this.#stats(id, batch.rateWindowStart);
-        const overall = await this.#stats(id, null);
-        if (overall.failedAgain > batch.failedAgain)
-          this.#ops.metrics.failedAgain(overall.failedAgain - batch.failedAgain);
-        await this.#db.update(replayBatches).set({ failedAgain: overall.failedAgain }).where(eq(replayBatches.id, id));
-        const resolved = window.succeeded + window.failedAgain;
-        if (
-          !inSample &&
-          resolved >= this.#policy.minResolvedForRate &&
-          window.failedAgain / resolved > batch.maxFailureRate
-        ) {
-          const rate = Math.round((window.failedAgain / resolved) * 100);
-          await pauseIfRunning(
-            `failure rate ${rate}% (${window.failedAgain} of ${resolved} resolved replays failed again) is over ${Math.round(batch.maxFailureRate * 100)}%`,
-          );
-          return this.get(id);
-        }
+        // The chunk's replays are recorded before it reports progress (a late
+        // one's wait is caught up afterwards: CATCH_UP_MS).
+        await drain();
+        if (stopped || !lastMine) continue; // the top of the loop pauses, or sees the batch is no longer ours
         await progress();
+        checking ??= check(batch.maxFailureRate, inSample).finally(() => {
+          checking = undefined;
+        });
       }
     } finally {
+      await drain();
+      await settleCheck();
+      clearInterval(heartbeat);
+      await beat;
       await this.#db
         .update(replayBatches)
         .set({ leaseOwner: null, leaseExpiresAt: null })
@@ -465,7 +632,9 @@ export class ReplayBatches {
     const deadline = clock.now() + this.#policy.sampleTimeoutMs;
     for (;;) {
       if (!(await stillMine())) return "lost";
-      const stats = await this.#stats(id, null, true);
+      const resolved = await this.#resolve(id);
+      if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
+      const stats = await this.#sampleStats(id);
       if (stats.failedAgain > 0) return `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`;
       if (stats.unresolved === 0) return "passed";
       if (signal?.aborted) return "interrupted while waiting for the sample";
@@ -476,38 +645,91 @@ export class ReplayBatches {
     }
   }
 
+  /** Marks a pending item replayed or skipped and counts it on the row, in one statement (once: a second mark finds it no longer pending). */
+  async #record(id: string, deadLetterId: string, state: "replayed" | "skipped"): Promise<void> {
+    await this.#db.execute(sql`
+      with marked as (
+        update core.replay_batch_items set state = ${state}, replayed_at = ${this.#now().toISOString()}::timestamptz
+        where batch_id = ${id} and dead_letter_id = ${deadLetterId} and state = 'pending'
+        returning 1)
+      update core.replay_batches
+      set ${state === "replayed" ? sql`replayed = replayed + 1` : sql`skipped = skipped + 1`}
+      where id = ${id} and exists (select 1 from marked)`);
+  }
+
   /**
-   * For the batch's replayed items (since `since`, or only the sample): how
-   * many jobs now have a fence (succeeded) and how many have a newer dead
-   * letter of the same job and consumer (failed again).
+   * Resolves at most `RESOLVE_PAGE` of the batch's replayed items not
+   * resolved yet, oldest replay first: an item whose job has a fence
+   * succeeded, one with a newer dead letter of the same job and consumer
+   * (whose latest earlier replay is this one) failed again; both are final.
+   * The row's counts (and the failure-rate window's) grow by what it found,
+   * in the same statement, so a resolution is counted exactly once.
    */
-  async #stats(id: string, since: Date | null, sampleOnly = false) {
+  async #resolve(id: string): Promise<{ succeeded: number; failedAgain: number }> {
+    const result = await this.#db.execute(sql`
+      with page as (
+        select i.dead_letter_id, i.replayed_at, f.failed, f.succeeded
+        from core.replay_batch_items i
+        join core.dead_letters d on d.id = i.dead_letter_id
+        cross join lateral (${outcomeOf()}) f
+        where i.batch_id = ${id} and i.state = 'replayed' and i.resolution is null
+        order by i.replayed_at
+        limit ${RESOLVE_PAGE}
+      ), done as (
+        update core.replay_batch_items i
+        set resolution = case when page.failed then 'failed_again' else 'succeeded' end
+        from page
+        where i.batch_id = ${id} and i.dead_letter_id = page.dead_letter_id and i.resolution is null
+          and (page.failed or page.succeeded)
+        returning i.resolution, i.replayed_at
+      ), counted as (
+        select count(*) filter (where d.resolution = 'succeeded')::int as succeeded,
+               count(*) filter (where d.resolution = 'failed_again')::int as failed_again,
+               count(*) filter (where d.resolution = 'succeeded' and d.replayed_at >= b.rate_window_start)::int as window_succeeded,
+               count(*) filter (where d.resolution = 'failed_again' and d.replayed_at >= b.rate_window_start)::int as window_failed_again
+        from done d cross join (select rate_window_start from core.replay_batches where id = ${id}) b
+      ), bumped as (
+        update core.replay_batches b
+        set succeeded = b.succeeded + c.succeeded,
+            failed_again = b.failed_again + c.failed_again,
+            window_succeeded = b.window_succeeded + c.window_succeeded,
+            window_failed_again = b.window_failed_again + c.window_failed_again
+        from counted c
+        where b.id = ${id} and (c.succeeded > 0 or c.failed_again > 0)
+        returning 1
+      )
+      select succeeded, failed_again from counted`);
+    const [row] = rowsOf<{ succeeded: number; failed_again: number }>(result);
+    return { succeeded: row?.succeeded ?? 0, failedAgain: row?.failed_again ?? 0 };
+  }
+
+  /** The sample's replayed items by resolution (the sample is small: `sampleSize` items). */
+  async #sampleStats(id: string) {
     const result = await this.#db.execute(sql`
       select count(*)::int as replayed,
-             count(*) filter (where f.failed)::int as failed_again,
-             count(*) filter (where not f.failed and f.succeeded)::int as succeeded
-      from core.replay_batch_items i
-      join core.dead_letters d on d.id = i.dead_letter_id
-      cross join lateral (
-        select exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer) as succeeded,
-               -- failed again: a later letter of the job whose latest earlier replay is this one
-               exists (select 1 from core.dead_letters n
-                       where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
-                         and n.created_at >= d.status_changed_at
-                         and not exists (select 1 from core.dead_letters o
-                                         where o.job_id = d.job_id and o.consumer = d.consumer and o.id <> d.id
-                                           and o.status = 'replayed'
-                                           and o.status_changed_at > d.status_changed_at
-                                           and o.status_changed_at <= n.created_at)) as failed
-      ) f
-      where i.batch_id = ${id} and i.state = 'replayed'
-        ${since ? sql`and i.replayed_at >= ${since.toISOString()}::timestamptz` : sql``}
-        ${sampleOnly ? sql`and i.in_sample` : sql``}`);
+             count(*) filter (where resolution = 'failed_again')::int as failed_again,
+             count(*) filter (where resolution = 'succeeded')::int as succeeded
+      from core.replay_batch_items
+      where batch_id = ${id} and in_sample and state = 'replayed'`);
     const [row] = rowsOf<{ replayed: number; failed_again: number; succeeded: number }>(result);
     const replayed = row?.replayed ?? 0;
     const failedAgain = row?.failed_again ?? 0;
     const succeeded = row?.succeeded ?? 0;
     return { replayed, failedAgain, succeeded, unresolved: replayed - failedAgain - succeeded };
+  }
+
+  /** Read-only: what became of up to `RESOLVE_PAGE` replayed jobs not resolved on the row yet. */
+  async #unresolvedNow(id: string): Promise<{ succeeded: number; failedAgain: number }> {
+    const result = await this.#db.execute(sql`
+      select count(*) filter (where f.failed)::int as failed_again,
+             count(*) filter (where not f.failed and f.succeeded)::int as succeeded
+      from (select i.dead_letter_id from core.replay_batch_items i
+            where i.batch_id = ${id} and i.state = 'replayed' and i.resolution is null
+            order by i.replayed_at limit ${RESOLVE_PAGE}) i
+      join core.dead_letters d on d.id = i.dead_letter_id
+      cross join lateral (${outcomeOf()}) f`);
+    const [row] = rowsOf<{ succeeded: number; failed_again: number }>(result);
+    return { succeeded: row?.succeeded ?? 0, failedAgain: row?.failed_again ?? 0 };
   }
 
   async #load(id: string): Promise<ReplayBatchRow> {
@@ -524,6 +746,8 @@ export class ReplayBatches {
     to: ReplayBatchStatus,
     set: Partial<typeof replayBatches.$inferInsert>,
   ) {
+    // Validated before the query: a malformed id is bad input (400, exit 2), never a database error.
+    parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
     const changed = await this.#db
       .update(replayBatches)
       .set({ ...set, status: to })
@@ -542,6 +766,24 @@ export class ReplayBatches {
       .where(and(eq(replayBatches.id, id), inArray(replayBatches.status, ["ready", "running"])));
     return this.get(id);
   }
+}
+
+/**
+ * For a replayed letter `d`: whether its job now has a fence (succeeded) and
+ * whether a later letter of the job and consumer exists whose latest earlier
+ * replay is this one (failed again).
+ */
+function outcomeOf() {
+  return sql`
+    select exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer) as succeeded,
+           exists (select 1 from core.dead_letters n
+                   where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
+                     and n.created_at >= d.status_changed_at
+                     and not exists (select 1 from core.dead_letters o
+                                     where o.job_id = d.job_id and o.consumer = d.consumer and o.id <> d.id
+                                       and o.status = 'replayed'
+                                       and o.status_changed_at > d.status_changed_at
+                                       and o.status_changed_at <= n.created_at)) as failed`;
 }
 
 /** The filter as stored: dates as ISO strings. */

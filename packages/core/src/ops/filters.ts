@@ -3,7 +3,14 @@ import { DEAD_LETTER_STATUSES, ERROR_CLASSES } from "../db/schema.ts";
 import { formatIssues } from "../envelope.ts";
 import { OpsError } from "../errors.ts";
 
-const text = z.string().trim().min(1).max(200);
+/**
+ * Postgres refuses a NUL byte in text (`invalid byte sequence`), so text with
+ * one is refused here, before any query, as bad input rather than a failure.
+ */
+const noNul = (schema: z.ZodString) =>
+  schema.refine((value) => !value.includes("\u0000"), { error: "must not contain a NUL byte (\\0)" });
+
+const text = noNul(z.string().trim().min(1).max(200));
 /**
  * A point in time: a Date, or an ISO 8601 date-time WITH its offset. Without
  * one ("2026-11-29T08:00") the meaning would depend on the machine's time zone.
@@ -32,7 +39,10 @@ export type ParsedFilter = z.output<typeof deadLetterFilterSchema>;
 
 /** Validates operator input with a schema; a failure is an `OpsError("INVALID_INPUT")` naming every problem. */
 export function parseInput<S extends z.ZodType>(schema: S, value: unknown, what: string): z.output<S> {
-  const result = schema.safeParse(value ?? {});
+  // An absent input is first tried as absent (an optional value, e.g. no
+  // status filter), then as an empty object (an input whose fields all default).
+  let result = schema.safeParse(value);
+  if (!result.success && value == null) result = schema.safeParse({});
   if (!result.success) {
     throw new OpsError(
       "INVALID_INPUT",
@@ -42,8 +52,13 @@ export function parseInput<S extends z.ZodType>(schema: S, value: unknown, what:
   return result.data;
 }
 
-export const operatorSchema = z.string().trim().min(1, "operator is required").max(200);
-export const reasonSchema = z.string().trim().min(1, "a non-empty reason is required").max(2000);
+export const operatorSchema = noNul(z.string().trim().min(1, "operator is required").max(200));
+/**
+ * A reason that is not blank by JavaScript's `trim()` (tabs, line breaks and
+ * Unicode spaces are blank). The database refuses the same blanks for a
+ * discard (migration 0009, `NOT_BLANK_PATTERN` in db/schema.ts).
+ */
+export const reasonSchema = noNul(z.string().trim().min(1, "a non-empty reason is required").max(2000));
 export const idListSchema = z
   .array(z.uuid({ error: "must be a dead-letter id (UUID)" }))
   .min(1, "give at least one id")

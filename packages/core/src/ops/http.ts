@@ -3,7 +3,12 @@
  * Promise<Response>` (a Next.js route handler, or any Fetch server), JSON in
  * and out, every input validated. Every request must carry an operator
  * credential (see auth.ts); approving a batch needs the approver role. Every
- * mutating call is audited, refused ones included. Routes, under `basePath`:
+ * mutating call is audited, refused ones included, exactly once (see
+ * refusals.ts): calls that prove no identity as one row per source per minute.
+ * Ids in the path must be UUIDs and no parameter may hold a NUL byte: 400
+ * before any query. A body is read up to `maxBodyBytes` (default 1 MiB,
+ * MAX_BODY_BYTES): past it, or when Content-Length says so, 413 without
+ * reading the rest. Routes, under `basePath`:
  *
  *   GET  /dead-letters?queue=&consumer=&tenantId=&kind=&errorClass=&status=&createdAfter=&createdBefore=&limit=&cursor=&order=
  *   GET  /dead-letters/count?<same filter>
@@ -27,6 +32,10 @@ import { consoleLogger, type Logger } from "../ports/logger.ts";
 import { APPROVER_ROLE, type Authorizer, type Principal } from "./auth.ts";
 import { idListSchema, parseInput, reasonSchema } from "./filters.ts";
 import type { Ops } from "./index.ts";
+import { UnauthenticatedAudit, wasAudited } from "./refusals.ts";
+
+/** The default largest request body the handler reads: 1 MiB. Larger ones are answered 413. */
+export const MAX_BODY_BYTES = 1024 * 1024;
 
 export interface OpsHandlerOptions {
   readonly ops: Ops;
@@ -37,6 +46,14 @@ export interface OpsHandlerOptions {
   readonly approverRole?: string;
   /** @default console */
   readonly logger?: Logger;
+  /** Largest request body read, in bytes; a larger one is answered 413 unread. @default MAX_BODY_BYTES (1 MiB) */
+  readonly maxBodyBytes?: number;
+  /**
+   * Where a request comes from, for counting unauthenticated calls per source
+   * and minute. Only as trustworthy as the proxy in front (on Vercel the
+   * platform sets x-forwarded-for). @default the first x-forwarded-for address, else "unknown"
+   */
+  readonly sourceOf?: (request: Request) => string;
 }
 
 const STATUS: Record<string, number> = {
@@ -45,6 +62,7 @@ const STATUS: Record<string, number> = {
   FORBIDDEN: 403,
   NOT_FOUND: 404,
   CONFLICT: 409,
+  PAYLOAD_TOO_LARGE: 413,
 };
 
 const idsBody = z.strictObject({ ids: idListSchema, reason: reasonSchema });
@@ -70,6 +88,9 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
   const base = (options.basePath ?? "").replace(/\/+$/, "");
   const approverRole = options.approverRole ?? APPROVER_ROLE;
   const logger = options.logger ?? consoleLogger;
+  const maxBodyBytes = options.maxBodyBytes ?? MAX_BODY_BYTES;
+  const sourceOf = options.sourceOf ?? defaultSource;
+  const unauthenticated = new UnauthenticatedAudit(ops.deadLetters.db);
 
   const routes: Route[] = [
     {
@@ -179,17 +200,9 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
       action: "batch.approve",
       mutating: true,
       run: async ({ principal, params }) => {
-        if (!principal.roles.includes(approverRole)) {
-          const message = `approving a batch needs the ${approverRole} role`;
-          await ops.deadLetters.audit({
-            operator: principal.operator,
-            action: "batch.approve",
-            scope: { batchId: params[0] },
-            result: "refused",
-            detail: message,
-          });
-          throw new OpsError("FORBIDDEN", message);
-        }
+        // Refused here, audited by the dispatcher like every other refusal.
+        if (!principal.roles.includes(approverRole))
+          throw new OpsError("FORBIDDEN", `approving a batch needs the ${approverRole} role`);
         return ops.batches.approve(params[0] as string, { operator: principal.operator });
       },
     },
@@ -234,30 +247,35 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
       );
     }
     let principal: Principal | undefined;
+    let params: string[] = [];
     try {
-      const params = (route.pattern.exec(path) ?? []).slice(1).map(decodePathSegment);
       principal = await authorize(request);
+      // After authentication: a caller without a credential learns nothing about ids or routes' input.
+      params = (route.pattern.exec(path) ?? []).slice(1).map(decodePathSegment);
+      for (const param of params) parseInput(pathIdSchema, param, "id in the path");
+      for (const [key, value] of url.searchParams) {
+        if (key.includes("\u0000") || value.includes("\u0000")) {
+          throw new OpsError(
+            "INVALID_INPUT",
+            `invalid query parameter "${key.replaceAll("\u0000", "\\0")}": must not contain a NUL byte`,
+          );
+        }
+      }
       const result = await route.run({
         principal,
         params,
         query: url.searchParams,
-        body: () => readJson(request),
+        body: () => readJson(request, maxBodyBytes),
       });
       return json(route.method === "POST" && route.action === "batch.create" ? 201 : 200, result);
     } catch (error) {
       const known = isSoftcrumError(error) && STATUS[error.code] !== undefined;
       const status = known ? (STATUS[(error as OpsError).code] as number) : 500;
-      if (route.mutating && !principal) {
-        // Refused before anything ran: nothing changed, but the attempt is evidence.
-        await ops.deadLetters
-          .audit({
-            operator: refusedSubject(error) ?? "(unauthenticated)",
-            action: route.action,
-            scope: { path },
-            result: "refused",
-            detail: describeError(error),
-          })
-          .catch(() => {});
+      // Every refused mutating call leaves one audit row; the library already wrote one for what it refused.
+      if (route.mutating && !wasAudited(error)) {
+        await auditRefusal(error, status, principal, params).catch((auditError) =>
+          logger.error(`ops HTTP: could not audit a refused ${route.action}: ${describeError(auditError)}`),
+        );
       }
       if (!known) {
         logger.error(`ops HTTP ${request.method} ${path} failed: ${describeError(error)}`);
@@ -265,7 +283,38 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
       }
       return json(status, { error: { code: (error as OpsError).code, message: (error as Error).message } });
     }
+
+    async function auditRefusal(error: unknown, status: number, who: Principal | undefined, ids: string[]) {
+      const detail = describeError(error);
+      const action = (route as Route).action;
+      if (!who) {
+        const subject = refusedSubject(error);
+        if (subject === undefined) {
+          // No identity proven: counted per source and minute, never a row per request.
+          return unauthenticated.record({
+            source: sourceOf(request),
+            action,
+            path,
+            detail,
+            now: ops.deadLetters.clock.now(),
+          });
+        }
+        // A credential that verified but may not operate: its subject is evidence.
+        return ops.deadLetters.audit({ operator: subject, action, scope: { path }, result: "refused", detail });
+      }
+      const scope = { path, ...(ids[0] && path.startsWith("/batches/") ? { batchId: ids[0] } : {}) };
+      const result = status === 403 ? "refused" : status >= 500 ? "error" : "rejected";
+      return ops.deadLetters.audit({ operator: who.operator, action, scope, result, detail });
+    }
   };
+}
+
+const pathIdSchema = z.uuid({ error: "must be a UUID" });
+
+/** The first address of x-forwarded-for (set by the platform's proxy), else "unknown". */
+function defaultSource(request: Request): string {
+  const forwarded = request.headers.get("x-forwarded-for")?.split(",")[0]?.trim();
+  return forwarded || request.headers.get("x-real-ip")?.trim() || "unknown";
 }
 
 /** Who a FORBIDDEN credential belonged to, when the authorizer could tell. */
@@ -305,8 +354,37 @@ function splitQuery(query: URLSearchParams, withPage = true) {
   return { filter, page };
 }
 
-async function readJson(request: Request): Promise<unknown> {
-  const text = await request.text();
+/**
+ * The body as JSON, read up to `maxBytes`: a declared Content-Length past it is
+ * refused before reading anything, and a streamed body as soon as it passes it
+ * (the stream is cancelled: the rest is never read).
+ */
+async function readJson(request: Request, maxBytes: number): Promise<unknown> {
+  const tooLarge = () =>
+    new OpsError("PAYLOAD_TOO_LARGE", `the body is larger than ${maxBytes} bytes, the limit of this API`);
+  const declared = Number(request.headers.get("content-length") ?? Number.NaN);
+  if (declared > maxBytes) throw tooLarge();
+  const chunks: Uint8Array[] = [];
+  if (request.body) {
+    const reader = request.body.getReader();
+    let size = 0;
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      size += value.byteLength;
+      if (size > maxBytes) {
+        await reader.cancel().catch(() => {});
+        throw tooLarge();
+      }
+      chunks.push(value);
+    }
+  }
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(Buffer.concat(chunks));
+  } catch {
+    throw new OpsError("INVALID_INPUT", "the body is not valid UTF-8");
+  }
   if (text.trim() === "") return undefined;
   try {
     return JSON.parse(text);

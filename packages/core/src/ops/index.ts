@@ -6,13 +6,13 @@ import { DeadLetterOperations, type OpsDeps } from "./operations.ts";
 export type { Authorizer, JwtAuthorizerOptions, Principal } from "./auth.ts";
 export { APPROVER_ROLE, jwtAuthorizer, OPERATOR_ROLE } from "./auth.ts";
 export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batches.ts";
-export { DEFAULT_BATCH_POLICY, ReplayBatches } from "./batches.ts";
+export { DEFAULT_BATCH_POLICY, RESOLVE_PAGE, ReplayBatches } from "./batches.ts";
 export type { CachedDepthOptions, DepthRow } from "./depth.ts";
 export { cachedDepth } from "./depth.ts";
 export type { DeadLetterFilter } from "./filters.ts";
 export { deadLetterFilterSchema } from "./filters.ts";
 export type { OpsHandlerOptions } from "./http.ts";
-export { createOpsHandler } from "./http.ts";
+export { createOpsHandler, MAX_BODY_BYTES } from "./http.ts";
 export type {
   ActionOutcome,
   ActionReport,
@@ -38,13 +38,35 @@ export {
   noopOpsMetrics,
 } from "./operations.ts";
 
+export type { InProcessConsumers, ReplayModule, ReplayRoute, ReplayTransport, RouteCheck } from "./routes.ts";
+export {
+  firstRoutingReplay,
+  inProcessReplay,
+  NOT_IN_PROCESS,
+  registeredReplay,
+  replayRouteOf,
+  replayTransportFor,
+} from "./routes.ts";
+
 export interface Ops {
   readonly deadLetters: DeadLetterOperations;
   readonly batches: ReplayBatches;
 }
 
-/** The operations API over `core.dead_letters`, publishing replays through `queue`. */
+/**
+ * The operations API over `core.dead_letters`, publishing replays through
+ * `replay` (or `queue`). One approval threshold for batches and direct
+ * replays: `approvalThreshold`, else `batchPolicy.approvalThreshold` (a
+ * `batchPolicy` value wins for batches, e.g. 0 to make every batch wait
+ * for approval while small direct replays stay possible).
+ */
 export function createOps(deps: OpsDeps & { batchPolicy?: Partial<BatchPolicy> }): Ops {
-  const deadLetters = new DeadLetterOperations(deps);
-  return { deadLetters, batches: new ReplayBatches(deadLetters, deps.batchPolicy) };
+  const approvalThreshold = deps.approvalThreshold ?? deps.batchPolicy?.approvalThreshold;
+  const approvalWindowMs = deps.approvalWindowMs ?? deps.batchPolicy?.approvalWindowMs;
+  const approval = {
+    ...(approvalThreshold !== undefined ? { approvalThreshold } : {}),
+    ...(approvalWindowMs !== undefined ? { approvalWindowMs } : {}),
+  };
+  const deadLetters = new DeadLetterOperations({ ...deps, ...approval });
+  return { deadLetters, batches: new ReplayBatches(deadLetters, { ...approval, ...deps.batchPolicy }) };
 }

@@ -2,8 +2,11 @@
  * Operator actions on dead letters: find, read, discard with a reason, and
  * replay — single letters or rate-limited batches (see batches.ts). Every
  * mutating call is audited in `core.ops_audit`. Replay republishes the
- * ORIGINAL envelope with the SAME job_id, so the fence makes a job that had
- * already committed a no-op; it never passes a transport de-duplication key.
+ * ORIGINAL envelope with the SAME job_id — the letter's bytes exactly as
+ * received — so the fence makes a job that had already committed a no-op; it
+ * never passes a transport de-duplication key. Replays go through a
+ * `ReplayTransport` (routes.ts) onto the consumer's replay lane; a letter it
+ * cannot route is refused and stays pending.
  */
 import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, lt, type SQL, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
@@ -12,8 +15,8 @@ import { type Clock, systemClock } from "../clock.ts";
 import type { AnyPgDatabase } from "../consumer.ts";
 import { type DeadLetterRow, deadLetters, opsAudit } from "../db/schema.ts";
 import { checkEnvelope, type Envelope } from "../envelope.ts";
-import { describeError, OpsError } from "../errors.ts";
-import type { QueuePort } from "../queue-port.ts";
+import { describeError, InvalidConfigError, isSoftcrumError, OpsError } from "../errors.ts";
+import type { QueuePort, ReplayLanePort } from "../queue-port.ts";
 import {
   type DeadLetterFilter,
   deadLetterFilterSchema,
@@ -23,6 +26,8 @@ import {
   parseInput,
   reasonSchema,
 } from "./filters.ts";
+import { markAudited } from "./refusals.ts";
+import { type ReplayRoute, type ReplayTransport, replayTransportFor } from "./routes.ts";
 
 /** Where replay and failed-again counts go (OpenTelemetry in production). */
 export interface OpsMetricsPort {
@@ -35,8 +40,27 @@ export const noopOpsMetrics: OpsMetricsPort = { replayed() {}, failedAgain() {} 
 
 export interface OpsDeps {
   readonly db: AnyPgDatabase;
-  /** Where replays are published: the same adapter the module's producers use. */
-  readonly queue: QueuePort;
+  /**
+   * Where replays are published: the platform transport with the routes it
+   * delivers (see routes.ts). Give this, or `queue`.
+   */
+  readonly replay?: ReplayTransport;
+  /**
+   * A queue adapter to publish replays through, on its replay lane: the
+   * in-process adapter routes to the consumers subscribed to it; any other
+   * needs `routes`. Ignored when `replay` is given.
+   */
+  readonly queue?: QueuePort & Partial<ReplayLanePort>;
+  /** With `queue`: the registry of routes modules contributed. @default what an in-process queue has subscribed; none otherwise */
+  readonly routes?: readonly ReplayRoute[];
+  /**
+   * Most letters one requester may replay without a second operator's
+   * approval over `approvalWindowMs`: direct replays and unapproved batches
+   * together (SPEC §5). @default 100
+   */
+  readonly approvalThreshold?: number;
+  /** The rolling window of `approvalThreshold`. @default 86_400_000 (24 h) */
+  readonly approvalWindowMs?: number;
   /** @default no metrics */
   readonly metrics?: OpsMetricsPort;
   /** @default the system clock */
@@ -91,7 +115,15 @@ export const MIN_AUDIT_RETENTION_DAYS = 30;
 export const DEFAULT_AUDIT_RETENTION_DAYS = 400;
 
 /** Per id, what an action did. */
-export type ActionOutcome = "discarded" | "replayed" | "not_found" | "not_pending" | "not_replayable" | "failed";
+export type ActionOutcome =
+  | "discarded"
+  | "replayed"
+  | "not_found"
+  | "not_pending"
+  | "not_replayable"
+  | "not_routable"
+  | "needs_approval"
+  | "failed";
 export interface ActionReport {
   readonly results: { readonly id: string; readonly outcome: ActionOutcome; readonly detail?: string }[];
   readonly counts: Partial<Record<ActionOutcome, number>>;
@@ -181,14 +213,23 @@ export function decodePayload(row: Pick<DeadLetterRow, "payload" | "payloadEncod
 
 export class DeadLetterOperations {
   readonly db: AnyPgDatabase;
-  readonly queue: QueuePort;
+  readonly replayTransport: ReplayTransport;
   readonly metrics: OpsMetricsPort;
   readonly clock: Clock;
   readonly maxDirectReplay: number;
+  readonly approvalThreshold: number;
+  readonly approvalWindowMs: number;
 
   constructor(deps: OpsDeps) {
     this.db = deps.db;
-    this.queue = deps.queue;
+    if (deps.replay) this.replayTransport = deps.replay;
+    else if (deps.queue) this.replayTransport = replayTransportFor(deps.queue, deps.routes);
+    else
+      throw new InvalidConfigError(
+        "the dead-letter operations need `replay` (or a `queue` adapter) to publish replays",
+      );
+    this.approvalThreshold = deps.approvalThreshold ?? 100;
+    this.approvalWindowMs = deps.approvalWindowMs ?? 86_400_000;
     this.metrics = deps.metrics ?? noopOpsMetrics;
     this.clock = deps.clock ?? systemClock;
     this.maxDirectReplay = deps.maxDirectReplay ?? 100;
@@ -382,13 +423,54 @@ export class DeadLetterOperations {
           `replaying ${idList.length} letters at once is more than ${this.maxDirectReplay}: create a replay batch (rate limit, sample, approval) instead`,
         );
       }
+      // The two-person rule counts everything one requester replays over the
+      // window, so a loop of small direct replays cannot side-step it.
+      const recent = await this.replayedWithoutApproval(operator);
+      if (recent + idList.length > this.approvalThreshold) {
+        throw new OpsError(
+          "FORBIDDEN",
+          `${operator} replayed ${recent} letters without a second operator's approval in the last ${formatWindow(this.approvalWindowMs)}; ${idList.length} more would pass the approval threshold of ${this.approvalThreshold}: create a replay batch and have another operator approve it`,
+        );
+      }
       const results: ActionReport["results"][number][] = [];
+      let replayed = 0;
       for (const id of idList) {
+        // Counted again as it goes: two direct replays of one operator at the
+        // same time cannot both pass the threshold by the same margin.
+        if (replayed > 0 && (await this.replayedWithoutApproval(operator)) >= this.approvalThreshold) {
+          results.push({
+            id,
+            outcome: "needs_approval",
+            detail: `${operator} reached the approval threshold of ${this.approvalThreshold} meanwhile: replay it in an approved batch`,
+          });
+          continue;
+        }
         const { outcome, detail } = await this.replayOne(id, { operator, reason, batchId: null });
+        if (outcome === "replayed") replayed += 1;
         results.push({ id, outcome, ...(detail ? { detail } : {}) });
       }
       return summarize(results);
     });
+  }
+
+  /**
+   * What `operator` replayed without a second operator over the approval
+   * window (`approvalWindowMs`): letters they replayed directly, and the
+   * letters of batches they requested that nobody approved (what a finished
+   * batch replayed; what one still to run selected). Index scans
+   * (dead_letters_direct_replays_idx, replay_batches_requester_idx).
+   */
+  async replayedWithoutApproval(operator: string): Promise<number> {
+    const since = new Date(this.clock.now() - this.approvalWindowMs).toISOString();
+    const result = await this.db.execute(sql`
+      select (select count(*)::int from core.dead_letters
+              where status = 'replayed' and replay_batch_id is null
+                and status_changed_by = ${operator} and status_changed_at >= ${since}::timestamptz)
+           + (select coalesce(sum(case when status in ('completed', 'stopped', 'expired') then replayed else selected end), 0)::int
+              from core.replay_batches
+              where requested_by = ${operator} and created_at >= ${since}::timestamptz
+                and approved_by is null and status <> 'awaiting_approval') as n`);
+    return rowsOf<{ n: number }>(result)[0]?.n ?? 0;
   }
 
   /**
@@ -405,6 +487,9 @@ export class DeadLetterOperations {
     const [row] = await this.db
       .select({
         status: deadLetters.status,
+        statusChangedBy: deadLetters.statusChangedBy,
+        queue: deadLetters.queue,
+        consumer: deadLetters.consumer,
         payload: deadLetters.payload,
         payloadEncoding: deadLetters.payloadEncoding,
         replayBatchId: deadLetters.replayBatchId,
@@ -413,7 +498,7 @@ export class DeadLetterOperations {
       .where(eq(deadLetters.id, id));
     if (!row) return { outcome: "not_found" };
     if (row.status !== "pending_review") {
-      return { outcome: "not_pending", detail: `status is ${row.status}`, replayBatchId: row.replayBatchId };
+      return { outcome: "not_pending", detail: notPendingDetail(row), replayBatchId: row.replayBatchId };
     }
     const { envelope, problem } = decodePayload(row);
     if (!envelope) {
@@ -422,33 +507,63 @@ export class DeadLetterOperations {
         detail: `${problem}; it can never succeed — discard it and fix the producer`,
       };
     }
+    // Refused before anything changes: a replay nobody would read is not "done".
+    const route = this.replayTransport.route(row.queue, row.consumer);
+    if (!route.ok) {
+      return {
+        outcome: "not_routable",
+        detail: `cannot route a replay to consumer "${row.consumer}" of queue "${row.queue}": ${route.reason}; the letter stays pending`,
+      };
+    }
+    // The bytes exactly as received (unknown fields, the job_id's case): only
+    // decoded from base64 where Postgres text could not hold them.
+    const body = row.payloadEncoding === "base64" ? new Uint8Array(Buffer.from(row.payload, "base64")) : row.payload;
     let published = false;
     try {
-      return await this.db.transaction(async (tx) => {
-        const [claimed] = await tx
-          .update(deadLetters)
-          .set({
-            status: "replayed",
-            // Database time: the replay-DLQ view compares it with dead letters' created_at.
-            statusChangedAt: sql`now()`,
-            statusChangedBy: input.operator,
-            statusReason: input.reason,
-            replayBatchId: input.batchId,
-          })
-          .where(and(eq(deadLetters.id, id), eq(deadLetters.status, "pending_review")))
-          .returning({ queue: deadLetters.queue, consumer: deadLetters.consumer });
-        if (!claimed)
-          return { outcome: "not_pending" as const, detail: "replayed or discarded by someone else meanwhile" };
-        // Only to the letter's consumer: the queue's other consumers either
-        // have their fence already or had their own letter for this job
-        // handled separately (perhaps discarded on purpose).
-        // Marked as a replay: an operator asked for it, so it is not expired (maxAgeMs).
-        await this.queue.publish(claimed.queue, envelope, { targetConsumer: claimed.consumer, replay: true });
-        published = true;
-        this.metrics.replayed(claimed);
-        return { outcome: "replayed" as const };
-      });
+      return await this.db
+        .transaction(async (tx) => {
+          const [claimed] = await tx
+            .update(deadLetters)
+            .set({
+              status: "replayed",
+              // Database time: the replay-DLQ view compares it with dead letters' created_at.
+              statusChangedAt: sql`now()`,
+              statusChangedBy: input.operator,
+              statusReason: input.reason,
+              replayBatchId: input.batchId,
+            })
+            .where(and(eq(deadLetters.id, id), eq(deadLetters.status, "pending_review")))
+            .returning({ queue: deadLetters.queue, consumer: deadLetters.consumer });
+          if (!claimed) return { outcome: "lost" as const };
+          // Only to the letter's consumer, on its replay lane: the queue's other
+          // consumers either have their fence already or had their own letter
+          // for this job handled separately (perhaps discarded on purpose).
+          // Delivered as a replay: an operator asked for it, so it is not expired (maxAgeMs).
+          await this.replayTransport.publishReplay(claimed.queue, claimed.consumer, body);
+          published = true;
+          this.metrics.replayed(claimed);
+          return { outcome: "replayed" as const };
+        })
+        .then(async (result) => {
+          if (result.outcome !== "lost") return result;
+          // Lost the race: say who won, so a batch runner counts a letter its own
+          // batch replayed (an earlier runner) as replayed, not skipped.
+          const [now] = await this.db
+            .select({
+              status: deadLetters.status,
+              replayBatchId: deadLetters.replayBatchId,
+              statusChangedBy: deadLetters.statusChangedBy,
+            })
+            .from(deadLetters)
+            .where(eq(deadLetters.id, id));
+          return {
+            outcome: "not_pending" as const,
+            detail: `${now ? notPendingDetail(now) : "deleted"} (meanwhile, by someone else)`,
+            replayBatchId: now?.replayBatchId ?? null,
+          };
+        });
     } catch (error) {
+      if (isSoftcrumError(error, "NOT_ROUTABLE")) return { outcome: "not_routable", detail: error.message };
       const detail = published
         ? `published, but recording the replay failed, so the letter stays pending (replaying it again is harmless): ${describeError(error)}`
         : `publish failed, the letter stays pending: ${describeError(error)}`;
@@ -584,7 +699,13 @@ export class DeadLetterOperations {
         : "counts" in result
           ? JSON.stringify((result as ActionReport).counts)
           : undefined;
-      await this.audit({ operator, action, scope, result: "ok", ...(detail ? { detail } : {}) });
+      await this.audit({
+        operator,
+        action,
+        scope,
+        result: actedOnNothing(result) ? "refused" : "ok",
+        ...(detail ? { detail } : {}),
+      });
       return result;
     } catch (error) {
       const rejected = error instanceof OpsError;
@@ -595,7 +716,7 @@ export class DeadLetterOperations {
         result: rejected ? "rejected" : "error",
         detail: describeError(error),
       }).catch(() => {});
-      throw error;
+      throw markAudited(error);
     }
   }
 
@@ -643,6 +764,32 @@ export class DeadLetterOperations {
       }),
     );
   }
+}
+
+function formatWindow(ms: number): string {
+  return ms % 3_600_000 === 0 ? `${ms / 3_600_000} h` : `${Math.round(ms / 60_000)} min`;
+}
+
+/** Why a letter is not pending, naming the batch (or operator) that replayed it. */
+function notPendingDetail(row: {
+  status: string;
+  replayBatchId: string | null;
+  statusChangedBy?: string | null;
+}): string {
+  if (row.status !== "replayed") return `status is ${row.status}`;
+  const by = row.replayBatchId
+    ? `, by batch ${row.replayBatchId}`
+    : row.statusChangedBy
+      ? `, by ${row.statusChangedBy}`
+      : "";
+  return `status is replayed${by}: nothing to do`;
+}
+
+/** An action report that acted on nothing (every id refused, missing or already handled) is audited as refused, not ok. */
+function actedOnNothing(result: object): boolean {
+  if (!("counts" in result) || !("results" in result)) return false;
+  const { counts, results } = result as ActionReport;
+  return results.length > 0 && !counts.replayed && !counts.discarded;
 }
 
 /** The operator to record for an action, even when the given one is invalid. */

@@ -18,6 +18,13 @@ export interface MetricsPort {
   handlerDuration(milliseconds: number, attributes: JobMetricAttributes): void;
   /** The alert sink threw or rejected. */
   alertFailed(attributes: { readonly queue: string; readonly consumer: string }): void;
+  /**
+   * Something went wrong between a transport adapter and its provider that
+   * the job's outcome does not show (a failed acknowledgement, a lost lease,
+   * an unconfirmed push callback, auth failures, a job rescued before the
+   * provider would have dropped it). Optional: ports written before it count nothing.
+   */
+  transportIncident?(attributes: { readonly queue: string; readonly consumer: string; readonly kind: string }): void;
 }
 
 export const noopMetrics: MetricsPort = {

@@ -13,7 +13,14 @@ import { randomUUID } from "node:crypto";
 import { type Clock, systemClock } from "../../clock.ts";
 import { type Envelope, parseEnvelope } from "../../envelope.ts";
 import { describeError, InvalidConfigError, QueueClosedError } from "../../errors.ts";
-import type { BoundConsumer, DeliveryResult, PublishOptions, PublishReceipt, QueuePort } from "../../queue-port.ts";
+import type {
+  BoundConsumer,
+  DeliveryResult,
+  PublishOptions,
+  PublishReceipt,
+  QueuePort,
+  ReplayLanePort,
+} from "../../queue-port.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
 
 function positive(value: number, name: string): number {
@@ -28,6 +35,12 @@ export interface MemoryQueueOptions {
   readonly clock?: Clock;
   /** Deliveries in flight at once, per subscribed consumer. @default 4 */
   readonly concurrency?: number;
+  /**
+   * Replays in flight at once, per subscribed consumer, on its replay lane
+   * (`publishReplay`), apart from `concurrency`: a bulk replay never takes
+   * the slots live messages use (SPEC §5). @default 1
+   */
+  readonly replayConcurrency?: number;
   /**
    * When a delivery neither acks nor asks for a delay (or throws), it comes
    * back after this. A delivery still unsettled this long after it started
@@ -60,6 +73,8 @@ export interface DeliveryEvent {
   readonly deliveryCount: number;
   /** Clock time the delivery started. */
   readonly at: number;
+  /** `replay`: from the consumer's replay lane (`publishReplay`); `live`: everything else. */
+  readonly lane: "live" | "replay";
   /**
    * The harness's result, or `thrown` when `deliver` itself threw or did not
    * settle within the visibility timeout (treated as a crash: redelivered).
@@ -68,7 +83,7 @@ export interface DeliveryEvent {
   readonly result: DeliveryResult | { readonly outcome: "thrown"; readonly error: string };
 }
 
-export interface MemoryQueue extends QueuePort {
+export interface MemoryQueue extends QueuePort, ReplayLanePort {
   /** Starts delivering the consumer's queue to it. Messages published before anyone subscribed are handed to the first subscriber. */
   subscribe(consumer: BoundConsumer): void;
   /**
@@ -76,6 +91,8 @@ export interface MemoryQueue extends QueuePort {
    * stack or a corrupted message looks like. For tests and demos of poison handling.
    */
   publishRaw(queue: string, body: string | Uint8Array, opts?: PublishOptions): Promise<PublishReceipt>;
+  /** Whether `consumer` of `queue` is subscribed here (its replays have a reader). */
+  hasConsumer(queue: string, consumer: string): boolean;
   /** Calls `listener` after every delivery. Returns an unsubscribe function. */
   onDelivery(listener: (event: DeliveryEvent) => void): () => void;
   /**
@@ -130,17 +147,30 @@ interface Lease {
 class Subscription {
   readonly messages: Message[] = [];
   readonly leases = new Set<Lease>();
-  constructor(readonly consumer: BoundConsumer) {}
+  /** A replay lane's live lane (same consumer): replays wait while live messages wait for a slot. */
+  live?: Subscription;
+  /** A live lane's replay lane, pumped when a live slot frees. */
+  replays?: Subscription;
+  constructor(
+    readonly consumer: BoundConsumer,
+    readonly concurrency: number,
+    readonly lane: "live" | "replay",
+  ) {}
 }
+
+const laneKey = (queue: string, consumer: string) => `${queue}\u0000${consumer}`;
 
 class InMemoryQueue implements MemoryQueue {
   readonly #clock: Clock;
   readonly #concurrency: number;
+  readonly #replayConcurrency: number;
   readonly #visibilityTimeoutMs: number;
   readonly #closeTimeoutMs: number;
   readonly #stuckAfterMs: number;
   readonly #dedupWindowMs: number;
   readonly #subscriptions = new Map<string, Subscription[]>();
+  /** Each subscribed consumer's replay lane, by queue and consumer. */
+  readonly #replayLanes = new Map<string, Subscription>();
   readonly #unrouted = new Map<string, Message[]>();
   readonly #dedup = new Map<string, { messageId: string; until: number }>();
   readonly #listeners = new Set<(event: DeliveryEvent) => void>();
@@ -154,6 +184,7 @@ class InMemoryQueue implements MemoryQueue {
   constructor(options: MemoryQueueOptions) {
     this.#clock = options.clock ?? systemClock;
     this.#concurrency = positiveInteger(options.concurrency ?? 4, "concurrency");
+    this.#replayConcurrency = positiveInteger(options.replayConcurrency ?? 1, "replayConcurrency");
     this.#visibilityTimeoutMs = positive(options.visibilityTimeoutMs ?? 30_000, "visibilityTimeoutMs");
     this.#closeTimeoutMs = nonNegative(options.closeTimeoutMs ?? 30_000, "closeTimeoutMs");
     this.#stuckAfterMs = nonNegative(options.stuckAfterMs ?? 10_000, "stuckAfterMs");
@@ -178,6 +209,28 @@ class InMemoryQueue implements MemoryQueue {
     return this.#enqueue(queue, body, opts);
   }
 
+  async publishReplay(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string },
+  ): Promise<PublishReceipt> {
+    if (typeof opts?.targetConsumer !== "string" || opts.targetConsumer === "") {
+      throw new InvalidConfigError("publishReplay needs the targetConsumer whose replay lane it goes to");
+    }
+    // The bytes as given: a replay republishes the letter's payload exactly as received.
+    return this.#enqueue(queue, body, { targetConsumer: opts.targetConsumer, replay: true });
+  }
+
+  hasConsumer(queue: string, consumer: string): boolean {
+    return this.#replayLanes.has(laneKey(queue, consumer));
+  }
+
+  /** Every subscription: the live ones and the replay lanes. */
+  *#lanes(): Generator<Subscription> {
+    for (const list of this.#subscriptions.values()) yield* list;
+    yield* this.#replayLanes.values();
+  }
+
   #enqueue(queue: string, body: string | Uint8Array, opts: PublishOptions | undefined): PublishReceipt {
     if (this.#closed) throw new QueueClosedError();
     if (typeof queue !== "string" || queue.length === 0)
@@ -191,8 +244,11 @@ class InMemoryQueue implements MemoryQueue {
       if (seen && seen.until > now) return { messageId: seen.messageId };
     }
     const target = opts?.targetConsumer;
+    const replay = opts?.replay === true;
+    // A replay addressed to one consumer goes to that consumer's replay lane.
+    const lane = replay && target !== undefined ? this.#replayLanes.get(laneKey(queue, target)) : undefined;
     const all = this.#subscriptions.get(queue) ?? [];
-    const subscriptions = target === undefined ? all : all.filter((s) => s.consumer.name === target);
+    const subscriptions = lane ? [lane] : target === undefined ? all : all.filter((s) => s.consumer.name === target);
     if (target !== undefined && all.length > 0 && subscriptions.length === 0) {
       throw new InvalidConfigError(
         `no consumer "${target}" is subscribed to "${queue}" here; the message would reach no one`,
@@ -201,7 +257,6 @@ class InMemoryQueue implements MemoryQueue {
     // Recorded only once the message is accepted: a publish refused above
     // must not make its corrected retry resolve with a message that never existed.
     if (dedupKey !== undefined) this.#dedup.set(dedupKey, { messageId: id, until: now + this.#dedupWindowMs });
-    const replay = opts?.replay === true;
     const copy = (): Message => ({
       id,
       body,
@@ -219,7 +274,8 @@ class InMemoryQueue implements MemoryQueue {
     } else {
       // Each consumer of a queue gets its own copy, like consumer groups.
       for (const subscription of subscriptions) subscription.messages.push(copy());
-      this.#pumpQueue(queue);
+      if (lane) this.#pump(lane);
+      else this.#pumpQueue(queue);
     }
     return { messageId: id };
   }
@@ -238,18 +294,23 @@ class InMemoryQueue implements MemoryQueue {
     if (list.some((s) => s.consumer.name === consumer.name)) {
       throw new InvalidConfigError(`consumer "${consumer.name}" is already subscribed to "${consumer.queue}"`);
     }
-    const subscription = new Subscription(consumer);
+    const subscription = new Subscription(consumer, this.#concurrency, "live");
+    const replayLane = new Subscription(consumer, this.#replayConcurrency, "replay");
+    subscription.replays = replayLane;
+    replayLane.live = subscription;
     const held = this.#unrouted.get(consumer.queue);
     if (held) {
       const mine = held.filter((m) => m.target === undefined || m.target === consumer.name);
-      subscription.messages.push(...mine);
+      for (const m of mine) (m.replay && m.target !== undefined ? replayLane : subscription).messages.push(m);
       const rest = held.filter((m) => !mine.includes(m));
       if (rest.length > 0) this.#unrouted.set(consumer.queue, rest);
       else this.#unrouted.delete(consumer.queue);
     }
     list.push(subscription);
     this.#subscriptions.set(consumer.queue, list);
+    this.#replayLanes.set(laneKey(consumer.queue, consumer.name), replayLane);
     this.#pump(subscription);
+    this.#pump(replayLane);
   }
 
   onDelivery(listener: (event: DeliveryEvent) => void): () => void {
@@ -259,7 +320,7 @@ class InMemoryQueue implements MemoryQueue {
 
   pending(): number {
     let count = 0;
-    for (const list of this.#subscriptions.values()) for (const s of list) count += s.messages.length;
+    for (const s of this.#lanes()) count += s.messages.length;
     for (const held of this.#unrouted.values()) count += held.length;
     return count;
   }
@@ -308,7 +369,7 @@ class InMemoryQueue implements MemoryQueue {
   }
 
   #pumpAll(): void {
-    for (const list of this.#subscriptions.values()) for (const s of list) this.#pump(s);
+    for (const s of this.#lanes()) this.#pump(s);
   }
 
   #pumpQueue(queue: string): void {
@@ -319,8 +380,14 @@ class InMemoryQueue implements MemoryQueue {
     if (this.#closed) return;
     const now = this.#clock.now();
     this.#expireLeases(subscription, now);
+    // Replays yield to live traffic: none starts while a live message of the
+    // same consumer is waiting for a slot (SPEC §5: replays never starve live consumers).
+    if (subscription.live && this.#waiting(subscription.live, now)) {
+      this.#afterChange();
+      return;
+    }
     for (const message of subscription.messages) {
-      if (subscription.leases.size >= this.#concurrency) break;
+      if (subscription.leases.size >= subscription.concurrency) break;
       if (message.inFlight || message.visibleAt > now) continue;
       this.#start(subscription, message, now);
     }
@@ -373,7 +440,15 @@ class InMemoryQueue implements MemoryQueue {
       }, this.#stuckAfterMs);
       lease.stuckTimer.unref();
     }
-    void run.finally(() => this.#pump(subscription));
+    void run.finally(() => {
+      this.#pump(subscription);
+      if (subscription.replays) this.#pump(subscription.replays);
+    });
+  }
+
+  /** A visible message of this lane that no slot has taken yet. */
+  #waiting(subscription: Subscription, now: number): boolean {
+    return subscription.messages.some((m) => !m.inFlight && m.visibleAt <= now);
   }
 
   /** The delivery no longer holds its message or a concurrency slot. */
@@ -405,6 +480,7 @@ class InMemoryQueue implements MemoryQueue {
       messageId: lease.message.id,
       deliveryCount: lease.deliveryCount,
       at: lease.startedAt,
+      lane: subscription.lane,
       result,
     };
     for (const listener of this.#listeners) {
@@ -450,11 +526,9 @@ class InMemoryQueue implements MemoryQueue {
     const consider = (t: number) => {
       if (t > now && (next === undefined || t < next)) next = t;
     };
-    for (const list of this.#subscriptions.values()) {
-      for (const s of list) {
-        for (const m of s.messages) if (!m.inFlight) consider(m.visibleAt);
-        for (const lease of s.leases) consider(lease.expiresAt);
-      }
+    for (const s of this.#lanes()) {
+      for (const m of s.messages) if (!m.inFlight) consider(m.visibleAt);
+      for (const lease of s.leases) consider(lease.expiresAt);
     }
     // A message visible now but not started waits for a slot, which frees at a lease's expiry (counted above).
     return next;
@@ -484,11 +558,9 @@ class InMemoryQueue implements MemoryQueue {
   #busy(): boolean {
     for (const lease of this.#inFlight) if (!lease.stuck) return true;
     const now = this.#clock.now();
-    for (const list of this.#subscriptions.values()) {
-      for (const s of list) {
-        if (s.leases.size >= this.#concurrency) continue;
-        if (s.messages.some((m) => !m.inFlight && m.visibleAt <= now)) return true;
-      }
+    for (const s of this.#lanes()) {
+      if (s.leases.size >= s.concurrency) continue;
+      if (s.messages.some((m) => !m.inFlight && m.visibleAt <= now)) return true;
     }
     return false;
   }

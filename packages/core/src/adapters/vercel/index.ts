@@ -1,53 +1,86 @@
 /**
- * The Vercel Queues adapter (`@vercel/queue` 0.6.0; decisions in ADR 0004).
+ * The Vercel Queues adapter (`@vercel/queue` 0.6.0; decisions in ADR 0004,
+ * what it assumes about the service in ADR 0009).
  * - `publish` / `schedule`: the QueuePort, through the SDK's `send`;
  * - `pushHandler(bound)`: a Next.js App Router route handler for a vercel.json
- *   queue trigger, built on the SDK's `handleCallback`;
- * - `startWorker(bound)`: a poll loop for long-running processes, on
- *   `PollingQueueClient.receive`; `receiveAvailable(bound)` drains once (cron).
- * Both delivery modes map the harness's `DeliveryResult` to the SDK's retry
- * directives the same way, and keep rate-limit deferrals from counting as
- * attempts by republishing (Vercel's delivery count cannot be corrected).
+ *   queue trigger (`vercelTrigger` writes the trigger block);
+ * - `startWorker(bound)`: a poll loop for long-running processes;
+ *   `receiveAvailable(bound)` drains once (cron).
+ * Both delivery modes run one lease lifecycle of the adapter's own on the
+ * SDK's API client (confirm the lease, renew it while the handler runs, wait
+ * for a renewal in flight, then apply the directive, and report a failed
+ * directive): the SDK's own lifecycle trusts a push callback's body without
+ * asking the service, lets a renewal overwrite the directive, and only
+ * `console.warn`s a failed acknowledgement.
+ * Vercel Queues has no dead-letter queue: a message vanishes when its
+ * retention ends or its trigger's `maxDeliveries` is spent. So the adapter
+ * never asks for a redelivery that cannot come: it republishes a fresh copy
+ * carrying the attempts spent, and if even that fails, has the harness write
+ * the dead letter now (`BoundConsumer.deadLetterNow`).
  * The push route and `receiveAvailable` answer only once the alerts of the
  * dead letters they wrote are delivered or durably counted
  * (`BoundConsumer.flushAlerts`): the function may end as soon as it answers.
  *
  * Glossary: topic = a Vercel queue name ([A-Za-z0-9_-]+), mapped reversibly
  * from our queue names; lease = a received message's lock, identified by its
- * receipt handle; deferral = a republished copy of a message, addressed to one
- * consumer, carrying the attempts already spent and the deferrals so far
- * (`Delivery.deferrals`).
+ * receipt handle; wrapper = a message body the adapter made around a job's
+ * bytes: a deferral (a republished copy addressed to one consumer, carrying
+ * the attempts already spent and the deferrals so far), a replay, or a
+ * delayed message carrying its due time; hop = a republish of a message that
+ * came due before its time (a delay longer than one message can wait).
  */
 import { createHash } from "node:crypto";
-import {
-  type MessageMetadata,
-  PollingQueueClient,
-  QueueClient,
-  type RetryDirective,
-  type Transport,
-} from "@vercel/queue";
+import { parseCallback, QueueClient, type Transport } from "@vercel/queue";
 import { type Clock, systemClock } from "../../clock.ts";
 import { type Envelope, parseEnvelope } from "../../envelope.ts";
-import { describeError, InvalidConfigError, QueueClosedError } from "../../errors.ts";
+import { describeError, InvalidConfigError, InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
 import { consoleLogger, type Logger } from "../../ports/logger.ts";
-import type { BoundConsumer, DeliveryResult, PublishOptions, PublishReceipt, QueuePort } from "../../queue-port.ts";
+import type { MetricsPort } from "../../ports/metrics.ts";
+import type {
+  BoundConsumer,
+  Delivery,
+  DeliveryResult,
+  PublishOptions,
+  PublishReceipt,
+  QueuePort,
+  ReplayLanePort,
+} from "../../queue-port.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
 
-/** Longest retention Vercel Queues keeps a message (7 days); a delay may not exceed the retention. */
+/** Longest retention Vercel Queues documents (7 days; an earlier doc version said 24 h: configurable). */
 export const VERCEL_MAX_RETENTION_SECONDS = 604_800;
 /** Longest lease (visibility timeout) the SDK documents; a retry directive cannot wait longer. */
 export const VERCEL_MAX_VISIBILITY_SECONDS = 3_600;
+/** Largest message the service documents (100 MB). */
+export const VERCEL_MAX_MESSAGE_BYTES = 100_000_000;
+/** Deliveries a push trigger makes when `vercelTrigger` is not told otherwise (what `vercel dev` does). */
+export const DEFAULT_MAX_DELIVERIES = 32;
+/** Room kept in every message for the wrapper the adapter may put around it (a deferral, a replay, a hop). */
+export const WRAPPER_RESERVE_BYTES = 1_024;
 const MIN_RETENTION_SECONDS = 60;
 const MIN_VISIBILITY_SECONDS = 30;
 const MAX_IDEMPOTENCY_KEY = 256;
-/** Clock difference tolerated between the service's timestamps and ours when reading a due time. */
-const DUE_AT_SKEW_MS = 300_000;
+const DEFAULT_MAX_ATTEMPTS = 5;
+/**
+ * A redelivery must be due this long before the message expires, or the
+ * adapter does not count on it: room for clock skew, a slow callback and the
+ * service's own delay after a failed one.
+ */
+const EXPIRY_MARGIN_MS = 300_000;
 const REGION_PATTERN = /^[a-z]{2,5}[0-9]{1,2}$/;
 /** Longest a push request or `receiveAvailable` waits for its dead-letter alerts before it answers anyway. */
 const ALERT_FLUSH_TIMEOUT_MS = 10_000;
+/** Tries of an acknowledgement or a visibility change (network errors, 429 with a short Retry-After), as the SDK. */
+const DIRECTIVE_TRIES = 3;
+/** Longest Retry-After a directive waits for within one delivery. */
+const DIRECTIVE_MAX_RETRY_AFTER_S = 5;
 
 export interface VercelQueueOptions {
-  /** Vercel region of the queues. @default env VERCEL_REGION (set by Vercel in functions); required */
+  /**
+   * Vercel region of the queues. Poll workers must name it here (a fixed
+   * region): a message can be consumed only in the region it was sent to, and
+   * a function's VERCEL_REGION changes on failover. @default env VERCEL_REGION (set by Vercel in functions); required
+   */
   readonly region?: string;
   /** API token. @default OIDC: env VERCEL_OIDC_TOKEN, or the per-request token on Vercel (VERCEL=1) */
   readonly token?: string;
@@ -56,19 +89,38 @@ export interface VercelQueueOptions {
   /** Where the API lives. @default the SDK's `https://{region}.vercel-queue.com` */
   readonly resolveBaseUrl?: (region: string) => URL;
   /**
-   * How long a message lives once it is visible: the window for its deliveries
-   * and retries. A delayed message is sent with delay + this, so the longest
-   * `schedule()` horizon is 604800 − this. @default 86_400 (60..604800)
+   * The retention asked for every message: how long the service keeps it,
+   * delay included. Set it to what the service accepts (7 days in the current
+   * docs, 24 h in an earlier version). The fence TTL must cover it
+   * (`transportHoldMs`). @default 604_800 (60..604800)
    */
   readonly retentionSeconds?: number;
-  /** Lease taken per delivery; the SDK extends it while the handler runs. @default 300 (30..3600) */
+  /**
+   * The least time a message has between becoming due and expiring: the
+   * longest single delay is `retentionSeconds` − this; a longer delay or
+   * `schedule()` travels in hops. @default half the retention, at most 86_400
+   */
+  readonly deliveryWindowSeconds?: number;
+  /** Largest message the service accepts; publish refuses an envelope that could not be wrapped within it. @default 100_000_000 */
+  readonly maxMessageBytes?: number;
+  /** Lease taken per delivery; renewed while the handler runs. @default 300 (30..3600) */
   readonly visibilityTimeoutSeconds?: number;
-  /** For `schedule()`'s runAt − now. @default the system clock */
+  /** How often a lease is renewed while the handler runs. @default as the SDK: min(60, max(10, visibility / 5)) s */
+  readonly leaseRenewalMs?: number;
+  /** For `schedule()`'s runAt − now and every lease and expiry decision. @default the system clock */
   readonly clock?: Clock;
   /** Where the configuration is read from. @default process.env */
   readonly env?: Readonly<Record<string, string | undefined>>;
   /** @default console */
   readonly logger?: Logger;
+  /**
+   * Called for every transport incident (a failed acknowledgement, a lease
+   * renewal lost, an unconfirmed push callback, auth failures …): count them
+   * as a metric, page on `alert: true`. Never throws into the adapter. @default none (they are logged)
+   */
+  readonly onIncident?: (incident: VercelIncident) => void;
+  /** Counts every incident (`MetricsPort.transportIncident`, e.g. `createOtelMetrics()`). @default none */
+  readonly metrics?: Pick<MetricsPort, "transportIncident">;
 }
 
 export interface VercelWorkerOptions {
@@ -76,15 +128,70 @@ export interface VercelWorkerOptions {
   readonly concurrency?: number;
   /** Wait after an empty receive before asking again. @default 1_000 */
   readonly idleDelayMs?: number;
-  /** Wait after a failed receive (network, 5xx) before asking again. @default 5_000 */
+  /** Wait after a failed receive (network, 5xx, auth) before asking again. @default 5_000 */
   readonly errorDelayMs?: number;
+  /**
+   * Lanes receiving the consumer's replay topic (`toVercelReplayTopic`), apart
+   * from `concurrency`: replays never take live lanes (SPEC §5). 0 starts
+   * none (another worker or a route serves the replay topic). @default 1
+   */
+  readonly replayConcurrency?: number;
+  /**
+   * The consumer group's delivery cap, if the service applies one to poll
+   * consumers (undocumented; `vercel dev` drops at 32). Must be at least
+   * the consumer's `maxAttempts + 2`. @default DEFAULT_MAX_DELIVERIES
+   */
+  readonly maxDeliveries?: number;
+  /** Consecutive auth failures (401, 403, no OIDC token) after which an incident with `alert: true` is raised. @default 3 */
+  readonly authAlertAfter?: number;
+  /**
+   * Consecutive auth failures after which the worker fails: it stops
+   * receiving, `health().state` is `failed` and `failed` resolves with the
+   * error. Off Vercel an expired OIDC token is refreshed only by a linked
+   * Vercel CLI, so retrying forever only hides the outage. @default 20
+   */
+  readonly maxAuthFailures?: number;
+}
+
+/** A poll worker's health, for a liveness probe. */
+export interface VercelWorkerHealth {
+  /** `degraded`: auth failures past `authAlertAfter`; `failed`: past `maxAuthFailures`, no longer receiving. */
+  readonly state: "running" | "degraded" | "failed" | "stopped";
+  readonly consecutiveAuthFailures: number;
+  /** When a receive last succeeded (ms since the epoch), if ever. */
+  readonly lastReceiveAt: number | undefined;
+  readonly lastError: string | undefined;
 }
 
 export interface VercelWorker {
   /** Lanes busy receiving or delivering right now. */
   readonly inFlight: number;
+  health(): VercelWorkerHealth;
+  /** Resolves with the reason if the worker fails (auth failures past `maxAuthFailures`); never rejects. */
+  readonly failed: Promise<Error>;
   /** Stops receiving and resolves when the deliveries in flight have finished (and been acknowledged or not). */
   stop(): Promise<void>;
+}
+
+/** Something went wrong between the adapter and the service that the job's own outcome does not show. */
+export interface VercelIncident {
+  readonly kind:
+    | "ack_failed"
+    | "visibility_failed"
+    | "lease_renewal_failed"
+    | "unconfirmed_callback"
+    | "republish_failed"
+    | "rescued_before_drop"
+    | "dead_lettered_before_drop"
+    | "job_at_risk"
+    | "auth_failed"
+    | "worker_failed";
+  readonly queue: string;
+  readonly consumer: string;
+  readonly messageId?: string;
+  readonly message: string;
+  /** True when someone should be paged: a job may be lost, or a worker is stalled. */
+  readonly alert: boolean;
 }
 
 /** What the adapter did with one delivery, for observers (logs, tests). */
@@ -102,18 +209,40 @@ export interface VercelDeliveryEvent {
    */
   readonly action: "ack" | "visibility" | "deferred" | "none";
   readonly afterSeconds?: number;
+  /** False when the acknowledgement or visibility change failed (the message comes back when its lease ends). */
+  readonly applied?: boolean;
 }
 
-export interface VercelQueue extends QueuePort {
+/** What a route's vercel.json trigger says; the adapter must know it to stay ahead of its cap. */
+export interface VercelRouteOptions {
+  /** The trigger's `maxDeliveries`: the service drops the message after this many. @default DEFAULT_MAX_DELIVERIES */
+  readonly maxDeliveries?: number;
+  /** The trigger's `retryAfterSeconds`: the wait after a failed callback. @default 60 */
+  readonly retryAfterSeconds?: number;
+}
+
+export interface VercelQueue extends QueuePort, ReplayLanePort {
   readonly region: string;
-  /** A route handler (`export const POST = …`) delivering a vercel.json trigger's messages to `consumer`. */
-  pushHandler(consumer: BoundConsumer): (request: Request) => Promise<Response>;
+  /** How long the service may hold a message (its retention), for the fence cleanup's `transportHoldMs`. */
+  readonly transportHoldMs: number;
+  /**
+   * A route handler (`export const POST = …`) delivering a vercel.json
+   * trigger's messages to `consumer`: those of its queue's topic, and those of
+   * its replay topic (`toVercelReplayTopic`) — give the replay topic its own
+   * trigger (with its own concurrency) on the same route.
+   */
+  pushHandler(consumer: BoundConsumer, route?: VercelRouteOptions): (request: Request) => Promise<Response>;
   /** Starts a poll loop delivering `consumer`'s queue (consumer group = its mapped name) until `stop()`. */
   startWorker(consumer: BoundConsumer, options?: VercelWorkerOptions): VercelWorker;
   /** Receives until the queue reports empty, `concurrency` at a time (e.g. from a cron function). Returns the deliveries made. */
-  receiveAvailable(consumer: BoundConsumer, options?: { readonly concurrency?: number }): Promise<number>;
+  receiveAvailable(
+    consumer: BoundConsumer,
+    options?: { readonly concurrency?: number; readonly maxDeliveries?: number },
+  ): Promise<number>;
   /** Calls `listener` after every delivery. Returns an unsubscribe function. */
   onDelivery(listener: (event: VercelDeliveryEvent) => void): () => void;
+  /** Incidents so far, by kind (also reported to `onIncident` and the logger). */
+  incidentCounts(): Readonly<Record<string, number>>;
   /** Refuses further publishes and stops every worker started here. */
   close(): Promise<void>;
 }
@@ -143,6 +272,16 @@ export function toVercelTopic(name: string): string {
     }
   }
   return out;
+}
+
+/**
+ * The replay topic of one consumer of a queue (#10 item 3): replays travel
+ * apart from live traffic, on a topic only that consumer reads, with the
+ * letter's bytes unwrapped. `_R` never occurs in a name `toVercelTopic` makes,
+ * so no queue's topic can collide with a replay topic.
+ */
+export function toVercelReplayTopic(queue: string, consumer: string): string {
+  return `${toVercelTopic(queue)}_R${toVercelTopic(consumer)}`;
 }
 
 /** The inverse of `toVercelTopic`. Throws `InvalidConfigError` for a topic it did not make. */
@@ -175,10 +314,15 @@ export function fromVercelTopic(topic: string): string {
 
 export interface VercelQueueConfig {
   readonly region: string;
+  /** True when the region came from options.region (a fixed region), not from VERCEL_REGION. */
+  readonly regionFixed: boolean;
   readonly token: string | undefined;
   readonly deploymentId: string | null;
   readonly retentionSeconds: number;
+  readonly deliveryWindowSeconds: number;
+  readonly maxMessageBytes: number;
   readonly visibilityTimeoutSeconds: number;
+  readonly leaseRenewalMs: number;
 }
 
 /**
@@ -214,30 +358,68 @@ export function resolveVercelQueueConfig(options: VercelQueueOptions = {}): Verc
       );
     }
   }
-  const retentionSeconds = options.retentionSeconds ?? 86_400;
+  const retentionSeconds = options.retentionSeconds ?? VERCEL_MAX_RETENTION_SECONDS;
+  const retentionOk =
+    Number.isInteger(retentionSeconds) &&
+    retentionSeconds >= MIN_RETENTION_SECONDS &&
+    retentionSeconds <= VERCEL_MAX_RETENTION_SECONDS;
+  if (!retentionOk) {
+    problems.push(
+      `retentionSeconds: must be an integer in ${MIN_RETENTION_SECONDS}..${VERCEL_MAX_RETENTION_SECONDS} (what the service accepts), got ${retentionSeconds}`,
+    );
+  }
+  const deliveryWindowSeconds =
+    options.deliveryWindowSeconds ?? Math.min(86_400, Math.floor((retentionOk ? retentionSeconds : 86_400) / 2));
   if (
-    !Number.isInteger(retentionSeconds) ||
-    retentionSeconds < MIN_RETENTION_SECONDS ||
-    retentionSeconds > VERCEL_MAX_RETENTION_SECONDS
+    !Number.isInteger(deliveryWindowSeconds) ||
+    deliveryWindowSeconds < 30 ||
+    (retentionOk && deliveryWindowSeconds > retentionSeconds - 30)
   ) {
     problems.push(
-      `retentionSeconds: must be an integer in ${MIN_RETENTION_SECONDS}..${VERCEL_MAX_RETENTION_SECONDS}, got ${retentionSeconds}`,
+      `deliveryWindowSeconds: must be an integer from 30 to retentionSeconds − 30 (a message needs time to be delivered after its delay), got ${deliveryWindowSeconds}`,
+    );
+  }
+  const maxMessageBytes = options.maxMessageBytes ?? VERCEL_MAX_MESSAGE_BYTES;
+  if (
+    !Number.isInteger(maxMessageBytes) ||
+    maxMessageBytes < 4 * WRAPPER_RESERVE_BYTES ||
+    maxMessageBytes > VERCEL_MAX_MESSAGE_BYTES
+  ) {
+    problems.push(
+      `maxMessageBytes: must be an integer in ${4 * WRAPPER_RESERVE_BYTES}..${VERCEL_MAX_MESSAGE_BYTES}, got ${maxMessageBytes}`,
     );
   }
   const visibilityTimeoutSeconds = options.visibilityTimeoutSeconds ?? 300;
-  if (
-    !Number.isInteger(visibilityTimeoutSeconds) ||
-    visibilityTimeoutSeconds < MIN_VISIBILITY_SECONDS ||
-    visibilityTimeoutSeconds > VERCEL_MAX_VISIBILITY_SECONDS
-  ) {
+  const visibilityOk =
+    Number.isInteger(visibilityTimeoutSeconds) &&
+    visibilityTimeoutSeconds >= MIN_VISIBILITY_SECONDS &&
+    visibilityTimeoutSeconds <= VERCEL_MAX_VISIBILITY_SECONDS;
+  if (!visibilityOk) {
     problems.push(
       `visibilityTimeoutSeconds: must be an integer in ${MIN_VISIBILITY_SECONDS}..${VERCEL_MAX_VISIBILITY_SECONDS}, got ${visibilityTimeoutSeconds}`,
+    );
+  }
+  const defaultRenewalMs = Math.min(60, Math.max(10, (visibilityOk ? visibilityTimeoutSeconds : 300) / 5)) * 1000;
+  const leaseRenewalMs = options.leaseRenewalMs ?? defaultRenewalMs;
+  if (!Number.isFinite(leaseRenewalMs) || leaseRenewalMs <= 0 || leaseRenewalMs > defaultRenewalMs) {
+    problems.push(
+      `leaseRenewalMs: must be above 0 and at most ${defaultRenewalMs} (a renewal must come well before the lease ends), got ${leaseRenewalMs}`,
     );
   }
   if (problems.length > 0) {
     throw new InvalidConfigError(`Vercel Queues adapter is not configured:\n- ${problems.join("\n- ")}`);
   }
-  return { region: region as string, token, deploymentId, retentionSeconds, visibilityTimeoutSeconds };
+  return {
+    region: region as string,
+    regionFixed: options.region !== undefined,
+    token,
+    deploymentId,
+    retentionSeconds,
+    deliveryWindowSeconds,
+    maxMessageBytes,
+    visibilityTimeoutSeconds,
+    leaseRenewalMs,
+  };
 }
 
 // ---------------------------------------------------------------------------
@@ -258,140 +440,304 @@ const rawTransport: Transport<Uint8Array> = {
   },
 };
 
-const DEFERRAL_MARK = '{"softcrum_deferral":1,';
-const utf8 = new TextDecoder("utf-8", { fatal: true });
+/**
+ * Every wrapper starts with these bytes. Version 1 (read only, for messages
+ * sent before #11) is one JSON object holding the body as an escaped or
+ * base64 string; version 2 is a one-line JSON header, a newline, then the
+ * job's bytes unchanged, so a wrapper is never more than
+ * `WRAPPER_RESERVE_BYTES` larger than what it carries.
+ */
+const WRAPPER_MARK = '{"softcrum_deferral":';
+const WRAPPER_V1 = `${WRAPPER_MARK}1,`;
+const WRAPPER_V2 = `${WRAPPER_MARK}2,`;
+const NEWLINE = 0x0a;
 
-interface Deferral {
-  readonly consumer: string;
+export interface VercelWrapper {
+  /** The consumer it is addressed to; undefined: every consumer of the queue (a delayed message). */
+  readonly consumer: string | undefined;
   readonly attemptsSpent: number;
   /** Earlier deliveries that ended deferred without spending an attempt; 0 when absent (older wrappers). */
   readonly deferrals: number;
   readonly body: string | Uint8Array;
-  /** When the original message was due (ms since the epoch): a deferral does not make a job younger. */
+  /** When the job became due (ms since the epoch): a deferral does not make a job younger. */
   readonly dueAt?: number;
+  /** Not to be delivered before this (ms since the epoch): a hop of a wait longer than one message can hold. */
+  readonly notBefore?: number;
   /** An operator's replay (`PublishOptions.replay`), kept through deferrals. */
   readonly replay?: boolean;
 }
 
-/** The provider idempotency key of a deferral: one per consumer, message and delivery, within the SDK's 256 characters. */
-function deferralKey(consumer: string, messageId: string, deliveryCount: number): string {
-  const key = `softcrum-deferral:${consumer}:${messageId}:${deliveryCount}`;
-  return key.length <= 256 ? key : `softcrum-deferral:${createHash("sha256").update(key).digest("hex")}`;
-}
+type WrapperHead = Omit<VercelWrapper, "body">;
 
-function encodeDeferral(
-  consumer: string,
-  attemptsSpent: number,
-  body: string | Uint8Array,
-  meta: Pick<Deferral, "dueAt" | "replay"> & { readonly deferrals?: number } = {},
-): Buffer {
-  let text: string;
-  let encoding: "utf8" | "base64";
-  if (typeof body === "string") {
-    text = body;
-    encoding = "utf8";
-  } else {
-    try {
-      text = utf8.decode(body);
-      encoding = "utf8";
-    } catch {
-      text = Buffer.from(body).toString("base64");
-      encoding = "base64";
-    }
-  }
-  // The mark must stay the first bytes: readDeferral looks for it before parsing.
-  // deferrals, due_at and replay are optional: readers that predate them ignore them.
+function encodeWrapper(head: WrapperHead, body: string | Uint8Array): Buffer {
+  // The mark stays the first bytes: readWrapper looks for it before parsing.
+  // Optional fields are left out, so older readers see what they know.
   const fields = {
-    consumer,
-    attempts_spent: attemptsSpent,
-    ...(meta.deferrals !== undefined && meta.deferrals > 0 ? { deferrals: meta.deferrals } : {}),
-    ...(meta.dueAt !== undefined ? { due_at: meta.dueAt } : {}),
-    ...(meta.replay ? { replay: true } : {}),
-    encoding,
-    body: text,
+    ...(head.consumer !== undefined ? { consumer: head.consumer } : {}),
+    attempts_spent: head.attemptsSpent,
+    ...(head.deferrals > 0 ? { deferrals: head.deferrals } : {}),
+    ...(head.dueAt !== undefined ? { due_at: head.dueAt } : {}),
+    ...(head.notBefore !== undefined ? { not_before: head.notBefore } : {}),
+    ...(head.replay ? { replay: true } : {}),
   };
-  const json = `${DEFERRAL_MARK}${JSON.stringify(fields).slice(1)}`;
-  return Buffer.from(json, "utf8");
+  const header = `${WRAPPER_V2}${JSON.stringify(fields).slice(1)}\n`;
+  const bytes = typeof body === "string" ? Buffer.from(body, "utf8") : Buffer.from(body);
+  return Buffer.concat([Buffer.from(header, "utf8"), bytes]);
 }
 
-/** The deferral a body carries, or undefined for an ordinary message (anything malformed is ordinary: the harness judges it). */
-function readDeferral(bytes: Uint8Array): Deferral | undefined {
-  if (bytes.length < DEFERRAL_MARK.length) return undefined;
-  const head = Buffer.from(bytes.buffer, bytes.byteOffset, DEFERRAL_MARK.length).toString("latin1");
-  if (head !== DEFERRAL_MARK) return undefined;
+function readHead(value: Record<string, unknown>): WrapperHead | undefined {
+  const {
+    consumer,
+    attempts_spent: spent,
+    deferrals: deferred = 0,
+    due_at: dueAt,
+    not_before: notBefore,
+    replay,
+  } = value;
+  if (consumer !== undefined && typeof consumer !== "string") return undefined;
+  if (typeof spent !== "number" || !Number.isInteger(spent) || spent < 0) return undefined;
+  if (typeof deferred !== "number" || !Number.isInteger(deferred) || deferred < 0) return undefined;
+  return {
+    consumer,
+    attemptsSpent: spent,
+    deferrals: deferred,
+    ...(typeof dueAt === "number" && Number.isFinite(dueAt) ? { dueAt } : {}),
+    ...(typeof notBefore === "number" && Number.isFinite(notBefore) ? { notBefore } : {}),
+    ...(replay === true ? { replay: true } : {}),
+  };
+}
+
+/**
+ * What a message body the adapter sent carries: the job's bytes (`body`,
+ * exactly as published) and the wrapper's fields, or undefined for a plain
+ * message. For tools and tests that read messages on the wire (a replay's
+ * bytes, a deferral's attempts).
+ */
+export function readVercelWrapper(bytes: Uint8Array): Readonly<VercelWrapper> | undefined {
+  return readWrapper(bytes);
+}
+
+/** The wrapper a body carries, or undefined for an ordinary message (anything malformed is ordinary: the harness judges it). */
+function readWrapper(bytes: Uint8Array): VercelWrapper | undefined {
+  if (bytes.length < WRAPPER_V2.length) return undefined;
+  const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const head = buffer.subarray(0, WRAPPER_V2.length).toString("latin1");
   try {
-    const value = JSON.parse(Buffer.from(bytes).toString("utf8")) as Record<string, unknown>;
-    const { consumer, attempts_spent: spent, deferrals: deferred = 0, encoding, body, due_at: dueAt, replay } = value;
-    if (typeof consumer !== "string" || typeof body !== "string") return undefined;
-    if (typeof spent !== "number" || !Number.isInteger(spent) || spent < 0) return undefined;
-    if (typeof deferred !== "number" || !Number.isInteger(deferred) || deferred < 0) return undefined;
-    const head = {
-      consumer,
-      attemptsSpent: spent,
-      deferrals: deferred,
-      ...(typeof dueAt === "number" && Number.isFinite(dueAt) ? { dueAt } : {}),
-      ...(replay === true ? { replay: true } : {}),
-    };
-    if (encoding === "utf8") return { ...head, body };
-    if (encoding === "base64") return { ...head, body: new Uint8Array(Buffer.from(body, "base64")) };
-    return undefined;
-  } catch {
-    return undefined;
+    if (head === WRAPPER_V2) {
+      const end = buffer.indexOf(NEWLINE);
+      if (end < 0) return undefined;
+      const parsed = readHead(JSON.parse(buffer.subarray(0, end).toString("utf8")) as Record<string, unknown>);
+      return parsed && { ...parsed, body: new Uint8Array(buffer.subarray(end + 1)) };
+    }
+    if (head === WRAPPER_V1) {
+      const value = JSON.parse(buffer.toString("utf8")) as Record<string, unknown>;
+      const parsed = readHead(value);
+      const { encoding, body } = value;
+      if (!parsed || typeof parsed.consumer !== "string" || typeof body !== "string") return undefined;
+      if (encoding === "utf8") return { ...parsed, body };
+      if (encoding === "base64") return { ...parsed, body: new Uint8Array(Buffer.from(body, "base64")) };
+    }
+  } catch {}
+  return undefined;
+}
+
+function byteLength(body: string | Uint8Array): number {
+  return typeof body === "string" ? Buffer.byteLength(body, "utf8") : body.byteLength;
+}
+
+const sha256 = (data: string | Uint8Array) => createHash("sha256").update(data).digest("hex");
+
+/**
+ * The provider idempotency key of a republish: one per consumer and delivery
+ * of one message, so a route retried after a lost response does not make two.
+ * Message ids are opaque and their uniqueness across deployment partitions
+ * is undocumented, while a duplicate key is "silently dropped out-of-band"
+ * (after which the original is acknowledged: a lost job), so the key also
+ * binds the topic, the deployment, the send time and the bytes.
+ */
+function republishKey(parts: {
+  readonly consumer: string;
+  readonly topic: string;
+  readonly deploymentId: string | null;
+  readonly createdAt: number;
+  readonly messageId: string;
+  readonly deliveryCount: number;
+  readonly body: Uint8Array;
+}): string {
+  const identity = JSON.stringify([
+    parts.consumer,
+    parts.topic,
+    parts.deploymentId,
+    parts.createdAt,
+    parts.messageId,
+    parts.deliveryCount,
+    sha256(parts.body),
+  ]);
+  return `softcrum-deferral:${sha256(identity)}`;
+}
+
+/** What the service answered, read by name (the SDK's error classes may be loaded twice). */
+function errorName(error: unknown): string {
+  return error instanceof Error ? error.name : "";
+}
+
+const leaseGone = (error: unknown) =>
+  errorName(error) === "MessageNotFoundError" || errorName(error) === "MessageNotAvailableError";
+
+const authFailure = (error: unknown) =>
+  errorName(error) === "UnauthorizedError" ||
+  errorName(error) === "ForbiddenError" ||
+  (error instanceof Error && /OIDC token/i.test(error.message));
+
+// ---------------------------------------------------------------------------
+// The SDK's API client
+
+/** A received message as the SDK's API client returns it. */
+interface QueueMessage {
+  readonly messageId: string;
+  readonly deliveryCount: number;
+  readonly createdAt: Date;
+  readonly expiresAt?: Date | undefined;
+  readonly receiptHandle: string;
+  readonly payload: Uint8Array;
+}
+
+interface LeaseRef {
+  readonly queueName: string;
+  readonly consumerGroup: string;
+  readonly receiptHandle: string;
+}
+
+/**
+ * The part of the SDK's `ApiClient` the adapter drives: the same requests,
+ * auth (token or OIDC), region routing and deployment header as the SDK's
+ * own consumers, without their lifecycle.
+ */
+interface LeaseApi {
+  withRegion(region: string): LeaseApi;
+  receiveMessages(options: {
+    queueName: string;
+    consumerGroup: string;
+    visibilityTimeoutSeconds: number;
+    limit: number;
+    cursorFallback: "earliest" | "latest";
+  }): AsyncIterable<QueueMessage>;
+  receiveMessageById(options: {
+    queueName: string;
+    consumerGroup: string;
+    messageId: string;
+    visibilityTimeoutSeconds: number;
+  }): Promise<{ message: QueueMessage }>;
+  acknowledgeMessage(options: LeaseRef): Promise<unknown>;
+  changeVisibility(options: LeaseRef & { visibilityTimeoutSeconds: number }): Promise<unknown>;
+}
+
+/**
+ * The SDK keeps each client's `ApiClient` under this global symbol (so that
+ * two bundled copies of the SDK still find it). `@vercel/queue` is pinned
+ * exactly (0.6.0); a version without it fails here, at start, not on a message.
+ */
+const API_CLIENT = Symbol.for("@vercel/queue.apiClient");
+
+function leaseApiOf(client: QueueClient): LeaseApi {
+  const api = (client as unknown as Record<symbol, unknown>)[API_CLIENT] as Partial<LeaseApi> | undefined;
+  const methods = [
+    "withRegion",
+    "receiveMessages",
+    "receiveMessageById",
+    "acknowledgeMessage",
+    "changeVisibility",
+  ] as const;
+  if (!api || methods.some((m) => typeof api[m] !== "function")) {
+    throw new InvalidConfigError(
+      "this @vercel/queue does not expose its API client (Symbol.for('@vercel/queue.apiClient')) with receiveMessages, receiveMessageById, acknowledgeMessage, changeVisibility and withRegion; the adapter is written for @vercel/queue 0.6.0",
+    );
   }
+  return api as LeaseApi;
 }
-
-/** Thrown from the SDK handler so that the `retry` hook hands the SDK this directive. */
-class Directive extends Error {
-  constructor(readonly directive: RetryDirective) {
-    super("softcrum directive");
-  }
-}
-
-/** Thrown from the SDK handler when the message must not be acknowledged: the service redelivers it. */
-class NotAcknowledged extends Error {
-  override readonly name = "NotAcknowledged";
-}
-
-const directiveOf = (error: unknown): RetryDirective | undefined =>
-  error instanceof Directive ? error.directive : undefined;
 
 // ---------------------------------------------------------------------------
 // The adapter
 
+/** Thrown from a poll delivery that must not be acknowledged: the service redelivers it. */
+class NotAcknowledged extends Error {
+  override readonly name = "NotAcknowledged";
+}
+
+/** One consumer bound to one delivery mode: what its deliveries need to know. */
+interface Lane {
+  readonly consumer: BoundConsumer;
+  /** The topic this lane receives: the queue's, or the consumer's replay topic. */
+  readonly topic: string;
+  /** The consumer's replay topic: what arrives there is a replay for it (#10 item 3). */
+  readonly replayTopic: string;
+  /** Poll: the consumer's mapped name; push: the group the callback names. */
+  readonly group: string;
+  readonly api: LeaseApi;
+  readonly mode: "push" | "poll";
+  /** The service drops the message after this many deliveries. */
+  readonly maxDeliveries: number;
+  /** When an unacknowledged delivery comes back: push, the trigger's retryAfterSeconds; poll, the lease. */
+  readonly redeliverySeconds: number;
+}
+
+type Outcome = "done" | "skipped" | "not_acknowledged" | "directive_failed";
+
+/** What a delivery ends with on the service. */
+type Action =
+  | { readonly kind: "ack"; readonly event?: "ack" | "deferred"; readonly afterSeconds?: number }
+  | { readonly kind: "visibility"; readonly seconds: number }
+  | { readonly kind: "none" };
+
+interface Processed {
+  readonly action: Action;
+  /** What to report to `onDelivery` listeners (nothing for a message addressed to another consumer or a hop). */
+  readonly event?: Omit<VercelDeliveryEvent, "action" | "afterSeconds" | "applied">;
+}
+
 class VercelQueueAdapter implements VercelQueue {
   readonly region: string;
   readonly #config: VercelQueueConfig;
-  readonly #options: VercelQueueOptions;
   readonly #client: QueueClient;
-  #poller: PollingQueueClient | undefined;
+  readonly #api: LeaseApi;
   readonly #clock: Clock;
   readonly #logger: Logger;
+  readonly #onIncident: ((incident: VercelIncident) => void) | undefined;
+  readonly #metrics: Pick<MetricsPort, "transportIncident"> | undefined;
   readonly #listeners = new Set<(event: VercelDeliveryEvent) => void>();
-  readonly #workers = new Set<VercelWorker>();
+  readonly #workers = new Set<PollWorker | CombinedWorker>();
+  readonly #incidents = new Map<string, number>();
   #closed = false;
 
   constructor(options: VercelQueueOptions) {
     this.#config = resolveVercelQueueConfig(options);
-    this.#options = options;
     this.region = this.#config.region;
     this.#clock = options.clock ?? systemClock;
     this.#logger = options.logger ?? consoleLogger;
-    this.#client = new QueueClient(this.#clientOptions());
-  }
-
-  #clientOptions() {
-    return {
+    this.#onIncident = options.onIncident;
+    this.#metrics = options.metrics;
+    this.#client = new QueueClient({
       region: this.#config.region,
       deploymentId: this.#config.deploymentId,
       transport: rawTransport as Transport,
       ...(this.#config.token !== undefined ? { token: this.#config.token } : {}),
-      ...(this.#options.resolveBaseUrl ? { resolveBaseUrl: this.#options.resolveBaseUrl } : {}),
-    };
+      ...(options.resolveBaseUrl ? { resolveBaseUrl: options.resolveBaseUrl } : {}),
+    });
+    this.#api = leaseApiOf(this.#client);
   }
 
-  /** Longest delay a publish may ask for: the retention left after the delivery window. */
-  get #horizonSeconds(): number {
-    return VERCEL_MAX_RETENTION_SECONDS - this.#config.retentionSeconds;
+  get transportHoldMs(): number {
+    return this.#config.retentionSeconds * 1000;
+  }
+
+  /** Longest delay one message can carry: its retention less the window it needs to be delivered. */
+  get #maxDelaySeconds(): number {
+    return this.#config.retentionSeconds - this.#config.deliveryWindowSeconds;
+  }
+
+  /** Largest job (envelope or foreign body) this transport can still wrap for a deferral, a hop or a replay. */
+  get #maxBodyBytes(): number {
+    return this.#config.maxMessageBytes - WRAPPER_RESERVE_BYTES;
   }
 
   async publish(queue: string, payload: Envelope, opts?: PublishOptions): Promise<PublishReceipt> {
@@ -403,18 +749,19 @@ class VercelQueueAdapter implements VercelQueue {
     if (!Number.isFinite(delayMs) || delayMs < 0) {
       throw new InvalidConfigError(`publish(${JSON.stringify(queue)}): delayMs must be a non-negative number`);
     }
-    // Rounded up: a message is never delivered before it was asked to be.
-    const delaySeconds = Math.ceil(delayMs / 1000);
-    if (delaySeconds > this.#horizonSeconds) {
-      throw new InvalidConfigError(
-        `publish(${JSON.stringify(queue)}): a delay of ${delaySeconds} s is beyond the Vercel Queues horizon of ${this.#horizonSeconds} s (messages live at most ${VERCEL_MAX_RETENTION_SECONDS} s, and ${this.#config.retentionSeconds} s are kept for delivery and retries)`,
-      );
-    }
     const key = opts?.idempotencyKey;
     if (key !== undefined && (typeof key !== "string" || key.length === 0 || key.length > MAX_IDEMPOTENCY_KEY)) {
       throw new InvalidConfigError(`publish(${JSON.stringify(queue)}): idempotencyKey must be 1-256 characters`);
     }
     const json = JSON.stringify(envelope);
+    const size = Buffer.byteLength(json, "utf8");
+    if (size > this.#maxBodyBytes) {
+      // Every message must fit a deferral or a replay later: one that could
+      // not would have to wait on its lease (spending an attempt) or be lost.
+      throw new InvalidEnvelopeError([
+        `the envelope is ${size} bytes; Vercel Queues carries at most ${this.#config.maxMessageBytes} bytes per message, less ${WRAPPER_RESERVE_BYTES} kept for the adapter's wrapper (deferrals, replays)`,
+      ]);
+    }
     const target = opts?.targetConsumer;
     if (target !== undefined) toVercelTopic(target); // a consumer name that cannot exist here is refused now
     if (opts?.replay === true && target === undefined) {
@@ -422,28 +769,64 @@ class VercelQueueAdapter implements VercelQueue {
         `publish(${JSON.stringify(queue)}): a replay must name its targetConsumer (the replay mark travels in the addressed wrapper)`,
       );
     }
-    // Addressed to one consumer (a replay): every consumer group gets the
-    // message, so it travels in the same addressed wrapper as a deferral with
-    // no attempt spent, and the others acknowledge it without running.
-    const body =
-      target === undefined
-        ? Buffer.from(json, "utf8")
-        : encodeDeferral(target, 0, json, { replay: opts?.replay === true });
-    return this.#send(topic, body, delaySeconds, key);
+    // Rounded up: a message is never delivered before it was asked to be.
+    const delaySeconds = Math.ceil(delayMs / 1000);
+    const now = this.#clock.now();
+    // A plain message stays the envelope's bytes. One addressed to a consumer
+    // (a replay), or delayed (its due time must travel: the service reports
+    // only when it was sent), goes in a wrapper.
+    if (target === undefined && delaySeconds === 0) return this.#send(topic, Buffer.from(json, "utf8"), 0, key);
+    const head: WrapperHead = {
+      consumer: target,
+      attemptsSpent: 0,
+      deferrals: 0,
+      ...(delaySeconds > 0 ? { dueAt: now + delayMs } : {}),
+      ...(opts?.replay === true ? { replay: true } : {}),
+    };
+    return this.#sendDelayed(topic, head, json, delaySeconds, key);
   }
 
   async schedule(queue: string, payload: Envelope, runAt: Date): Promise<PublishReceipt> {
     if (!(runAt instanceof Date) || Number.isNaN(runAt.getTime())) {
       throw new InvalidConfigError(`schedule(${JSON.stringify(queue)}): runAt must be a valid Date`);
     }
-    const delayMs = Math.max(0, runAt.getTime() - this.#clock.now());
-    if (Math.ceil(delayMs / 1000) > this.#horizonSeconds) {
-      parseEnvelope(payload);
-      throw new InvalidConfigError(
-        `schedule(${JSON.stringify(queue)}): runAt ${runAt.toISOString()} is ${Math.ceil(delayMs / 1000)} s ahead, beyond the Vercel Queues horizon of ${this.#horizonSeconds} s (messages live at most ${VERCEL_MAX_RETENTION_SECONDS} s, and ${this.#config.retentionSeconds} s are kept for delivery and retries); schedule it later from a job or a cron instead`,
-      );
+    // Any distance ahead: beyond what one message can wait, it travels in hops.
+    return this.publish(queue, payload, { delayMs: Math.max(0, runAt.getTime() - this.#clock.now()) });
+  }
+
+  async publishReplay(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string },
+  ): Promise<PublishReceipt> {
+    if (this.#closed) throw new QueueClosedError();
+    const topic = toVercelReplayTopic(queue, opts?.targetConsumer);
+    // The letter's bytes as they are: on the consumer's own replay topic the
+    // message needs no wrapper to say whom it is for, or that it is a replay.
+    const bytes = typeof body === "string" ? Buffer.from(body, "utf8") : body;
+    if (bytes.byteLength > this.#maxBodyBytes) {
+      throw new InvalidEnvelopeError([
+        `the payload is ${bytes.byteLength} bytes; Vercel Queues carries at most ${this.#config.maxMessageBytes} bytes per message, less ${WRAPPER_RESERVE_BYTES} kept for the adapter's wrapper (deferrals)`,
+      ]);
     }
-    return this.publish(queue, payload, { delayMs });
+    return this.#send(topic, bytes, 0, undefined);
+  }
+
+  /**
+   * Sends a wrapper with a delay; a delay longer than one message can carry
+   * is sent as far as it can go, with `not_before`, and the consumer that
+   * receives it early republishes it for the rest (a hop).
+   */
+  #sendDelayed(
+    topic: string,
+    head: WrapperHead,
+    body: string | Uint8Array,
+    delaySeconds: number,
+    idempotencyKey: string | undefined,
+  ): Promise<PublishReceipt> {
+    const hop = delaySeconds > this.#maxDelaySeconds;
+    const wrapped = encodeWrapper(hop ? { ...head, notBefore: this.#clock.now() + delaySeconds * 1000 } : head, body);
+    return this.#send(topic, wrapped, hop ? this.#maxDelaySeconds : delaySeconds, idempotencyKey);
   }
 
   async #send(
@@ -452,8 +835,15 @@ class VercelQueueAdapter implements VercelQueue {
     delaySeconds: number,
     idempotencyKey: string | undefined,
   ): Promise<PublishReceipt> {
+    if (body.byteLength > this.#config.maxMessageBytes) {
+      throw new InvalidEnvelopeError([
+        `a message of ${body.byteLength} bytes is beyond the ${this.#config.maxMessageBytes} bytes Vercel Queues carries`,
+      ]);
+    }
     const { messageId } = await this.#client.send(topic, body, {
-      retentionSeconds: delaySeconds + this.#config.retentionSeconds,
+      // Always the longest retention: a route or database outage shorter than
+      // it loses nothing; the delay is counted within it.
+      retentionSeconds: this.#config.retentionSeconds,
       ...(delaySeconds > 0 ? { delaySeconds } : {}),
       // Only a key the caller chose: one derived from the job_id would swallow replays.
       ...(idempotencyKey !== undefined ? { idempotencyKey } : {}),
@@ -461,15 +851,12 @@ class VercelQueueAdapter implements VercelQueue {
     return { messageId };
   }
 
-  pushHandler(consumer: BoundConsumer): (request: Request) => Promise<Response> {
-    const topic = this.#bindTopic(consumer);
-    const handle = this.#client.handleCallback<Uint8Array>(
-      (payload, metadata) => this.#process(consumer, topic, payload, metadata),
-      { visibilityTimeoutSeconds: this.#config.visibilityTimeoutSeconds, retry: directiveOf },
-    );
+  pushHandler(consumer: BoundConsumer, route: VercelRouteOptions = {}): (request: Request) => Promise<Response> {
+    const retryAfterSeconds = positiveInteger(route.retryAfterSeconds ?? 60, "retryAfterSeconds");
+    const lane = this.#bindLane(consumer, "push", route.maxDeliveries, retryAfterSeconds);
     return async (request: Request) => {
       try {
-        return await handle(request);
+        return await this.#handlePush(lane, request);
       } finally {
         // The function may be frozen or ended once it answers: the alerts of
         // the letters this request wrote go out (or are recorded) first.
@@ -478,35 +865,123 @@ class VercelQueueAdapter implements VercelQueue {
     };
   }
 
+  async #handlePush(bound: Lane, request: Request): Promise<Response> {
+    let callback: Awaited<ReturnType<typeof parseCallback>>;
+    try {
+      callback = await parseCallback(request);
+    } catch (error) {
+      return Response.json({ error: describeError(error) }, { status: 400 });
+    }
+    if (callback.queueName !== bound.topic && callback.queueName !== bound.replayTopic) {
+      // A trigger pointing at the wrong route: never acknowledge what nobody processed.
+      const message = `route bound to ${bound.consumer.queue} (topic ${bound.topic}) got a message of topic ${callback.queueName}; check vercel.json`;
+      this.#logger.error(message);
+      return Response.json({ error: message }, { status: 500 });
+    }
+    // Follow-up calls go to the region the message lives in.
+    const api = callback.region ? bound.api.withRegion(callback.region) : bound.api;
+    const lane: Lane = { ...bound, api, topic: callback.queueName, group: callback.consumerGroup };
+    let outcome: Outcome;
+    try {
+      if ("receiptHandle" in callback) {
+        // Inline: the body came with the callback. Nothing authenticates the
+        // request, so the handler runs only once the service confirms the
+        // lease (`#consume` with confirm).
+        if (!callback.rawBody) return Response.json({ error: "callback without a body" }, { status: 400 });
+        const payload = await rawTransport.deserialize(callback.rawBody);
+        const message: QueueMessage = {
+          messageId: callback.messageId,
+          deliveryCount: callback.deliveryCount ?? 1,
+          createdAt: callback.createdAt ? new Date(callback.createdAt) : new Date(this.#clock.now()),
+          expiresAt: callback.expiresAt ? new Date(callback.expiresAt) : undefined,
+          receiptHandle: callback.receiptHandle,
+          payload,
+        };
+        outcome = await this.#consume(lane, message, true);
+      } else {
+        // Routing only: the message (and its lease) come from the service itself.
+        let received: { message: QueueMessage };
+        try {
+          received = await api.receiveMessageById({
+            queueName: lane.topic,
+            consumerGroup: lane.group,
+            messageId: callback.messageId,
+            visibilityTimeoutSeconds: this.#config.visibilityTimeoutSeconds,
+          });
+        } catch (error) {
+          const name = errorName(error);
+          if (name === "MessageNotAvailableError" || name === "MessageAlreadyProcessedError") {
+            return Response.json({ status: "skipped", reason: name });
+          }
+          throw error;
+        }
+        outcome = await this.#consume(lane, received.message, false);
+      }
+    } catch (error) {
+      this.#logger.error(`${bound.consumer.name}: push delivery failed: ${describeError(error)}`);
+      return Response.json({ error: "Failed to process queue message" }, { status: 500 });
+    }
+    if (outcome === "done") return Response.json({ status: "success" });
+    if (outcome === "skipped") return Response.json({ status: "skipped" });
+    // Not acknowledged, or the directive failed: a 500 shows in the platform's
+    // logs, and the service redelivers after the trigger's retryAfterSeconds.
+    return Response.json({ error: outcome }, { status: 500 });
+  }
+
   startWorker(consumer: BoundConsumer, options: VercelWorkerOptions = {}): VercelWorker {
     if (this.#closed) throw new QueueClosedError();
-    const topic = this.#bindTopic(consumer);
-    const group = toVercelTopic(consumer.name);
-    const worker = new PollWorker(
-      (lane) => this.#receiveOne(consumer, topic, group, lane),
+    const lane = this.#bindLane(consumer, "poll", options.maxDeliveries);
+    const settings = {
+      idleDelayMs: nonNegative(options.idleDelayMs ?? 1_000, "idleDelayMs"),
+      errorDelayMs: nonNegative(options.errorDelayMs ?? 5_000, "errorDelayMs"),
+      authAlertAfter: positiveInteger(options.authAlertAfter ?? 3, "authAlertAfter"),
+      maxAuthFailures: positiveInteger(options.maxAuthFailures ?? 20, "maxAuthFailures"),
+    };
+    const replayLanes = nonNegative(options.replayConcurrency ?? 1, "replayConcurrency");
+    const poll = (from: Lane, concurrency: number, label: string) =>
+      new PollWorker(
+        () => this.#receiveOne(from),
+        { ...settings, concurrency },
+        this.#clock,
+        (kind, message, alert) =>
+          this.#incident({ kind, queue: consumer.queue, consumer: consumer.name, message, alert }),
+        this.#logger,
+        label,
+      );
+    const live = poll(
+      lane,
       positiveInteger(options.concurrency ?? 4, "concurrency"),
-      nonNegative(options.idleDelayMs ?? 1_000, "idleDelayMs"),
-      nonNegative(options.errorDelayMs ?? 5_000, "errorDelayMs"),
-      this.#logger,
       `${consumer.name} on ${consumer.queue}`,
     );
+    // Replays on lanes of their own: they never take a live lane (SPEC §5).
+    const replays =
+      replayLanes > 0
+        ? poll(
+            { ...lane, topic: lane.replayTopic },
+            positiveInteger(replayLanes, "replayConcurrency"),
+            `${consumer.name} replays on ${consumer.queue}`,
+          )
+        : undefined;
+    const worker = replays ? new CombinedWorker([live, replays]) : live;
     this.#workers.add(worker);
     void worker.done.finally(() => this.#workers.delete(worker));
     return worker;
   }
 
-  async receiveAvailable(consumer: BoundConsumer, options: { readonly concurrency?: number } = {}): Promise<number> {
-    const topic = this.#bindTopic(consumer);
-    const group = toVercelTopic(consumer.name);
+  async receiveAvailable(
+    consumer: BoundConsumer,
+    options: { readonly concurrency?: number; readonly maxDeliveries?: number } = {},
+  ): Promise<number> {
+    const lane = this.#bindLane(consumer, "poll", options.maxDeliveries);
     const concurrency = positiveInteger(options.concurrency ?? 1, "concurrency");
     let delivered = 0;
     let failure: { error: unknown } | undefined;
-    const lane = async () => {
+    const run = async (from: Lane) => {
       // Every lane stops at the first failure, so none keeps receiving after this call returned.
       while (!failure) {
         let outcome: "delivered" | "empty";
         try {
-          outcome = await this.#receiveOne(consumer, topic, group, 0);
+          outcome = await this.#receiveOne(from);
         } catch (error) {
           // A delivery that is left unacknowledged still counts; the lease brings it back.
           if (!(error instanceof NotAcknowledged)) {
@@ -519,7 +994,9 @@ class VercelQueueAdapter implements VercelQueue {
         delivered += 1;
       }
     };
-    await Promise.allSettled(Array.from({ length: concurrency }, lane));
+    await Promise.allSettled(Array.from({ length: concurrency }, () => run(lane)));
+    // Then the consumer's replays, one at a time: their own lane, after live traffic.
+    if (!failure) await run({ ...lane, topic: lane.replayTopic });
     // A one-shot caller (a cron function) may end once this resolves.
     await this.#flushAlerts(consumer);
     if (failure) throw failure.error;
@@ -529,6 +1006,10 @@ class VercelQueueAdapter implements VercelQueue {
   onDelivery(listener: (event: VercelDeliveryEvent) => void): () => void {
     this.#listeners.add(listener);
     return () => this.#listeners.delete(listener);
+  }
+
+  incidentCounts(): Readonly<Record<string, number>> {
+    return Object.fromEntries(this.#incidents);
   }
 
   async close(): Promise<void> {
@@ -559,7 +1040,13 @@ class VercelQueueAdapter implements VercelQueue {
     }
   }
 
-  #bindTopic(consumer: BoundConsumer): string {
+  /** Checks a consumer against this transport where it is bound, so a configuration that could lose jobs fails at start. */
+  #bindLane(
+    consumer: BoundConsumer,
+    mode: "push" | "poll",
+    maxDeliveries: number | undefined,
+    retryAfterSeconds?: number,
+  ): Lane {
     if (typeof consumer?.deliver !== "function") {
       throw new InvalidConfigError("the Vercel adapter takes a consumer from bindConsumer()");
     }
@@ -569,137 +1056,499 @@ class VercelQueueAdapter implements VercelQueue {
         `consumer "${consumer.name}": its handler time bound (timeoutMs ${consumer.timeoutMs}) must be below the lease (visibilityTimeoutSeconds ${this.#config.visibilityTimeoutSeconds} s), or a run that timed out could still be going when its message is delivered again`,
       );
     }
-    toVercelTopic(consumer.name);
-    return toVercelTopic(consumer.queue);
+    const group = toVercelTopic(consumer.name);
+    const topic = toVercelTopic(consumer.queue);
+    const cap = positiveInteger(maxDeliveries ?? DEFAULT_MAX_DELIVERIES, "maxDeliveries");
+    const maxAttempts = consumer.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
+    if (cap < maxAttempts + 2) {
+      throw new InvalidConfigError(
+        `consumer "${consumer.name}": maxDeliveries ${cap} is below its maxAttempts + 2 (${maxAttempts + 2}); Vercel Queues drops a message after maxDeliveries with no dead-letter queue, so the harness needs its ${maxAttempts} attempts, the delivery past them that writes the dead letter, and one more for a letter that could not be written`,
+      );
+    }
+    if (mode === "poll") {
+      const problems: string[] = [];
+      if (!this.#config.regionFixed) {
+        problems.push(
+          `it needs a fixed region (options.region), not VERCEL_REGION (${this.#config.region}): a message can be consumed only in the region it was sent to, and a function's region changes on failover`,
+        );
+      }
+      if (this.#config.deploymentId !== null) {
+        problems.push(
+          `it must consume unpinned (deploymentId: null), not as deployment ${this.#config.deploymentId}: pinned, it would see only that deployment's messages and strand every other deployment's`,
+        );
+      }
+      if (problems.length > 0) {
+        throw new InvalidConfigError(`poll worker for consumer "${consumer.name}": ${problems.join("; ")}`);
+      }
+    }
+    return {
+      consumer,
+      topic,
+      replayTopic: toVercelReplayTopic(consumer.queue, consumer.name),
+      group,
+      api: this.#api,
+      mode,
+      maxDeliveries: cap,
+      redeliverySeconds: mode === "push" ? (retryAfterSeconds ?? 60) : this.#config.visibilityTimeoutSeconds,
+    };
   }
 
-  async #receiveOne(
-    consumer: BoundConsumer,
-    topic: string,
-    group: string,
-    _lane: number,
-  ): Promise<"delivered" | "empty"> {
-    if (!this.#poller) this.#poller = new PollingQueueClient(this.#clientOptions());
-    const result = await this.#poller.receive<Uint8Array>(
-      topic,
-      group,
-      (payload, metadata) => this.#process(consumer, topic, payload, metadata),
-      { limit: 1, visibilityTimeoutSeconds: this.#config.visibilityTimeoutSeconds, retry: directiveOf },
-    );
-    return result.ok ? "delivered" : "empty";
+  async #receiveOne(lane: Lane): Promise<"delivered" | "empty"> {
+    let received = 0;
+    let notAcknowledged = false;
+    // One message per request (`limit: 1`): a received batch would wait leased
+    // while the first runs. Read to the end, so the response is consumed.
+    for await (const message of lane.api.receiveMessages({
+      queueName: lane.topic,
+      consumerGroup: lane.group,
+      visibilityTimeoutSeconds: this.#config.visibilityTimeoutSeconds,
+      limit: 1,
+      // A new consumer group starts at the oldest retained message, whatever the server's default.
+      cursorFallback: "earliest",
+    })) {
+      received += 1;
+      const outcome = await this.#consume(lane, message, false);
+      if (outcome === "not_acknowledged") notAcknowledged = true;
+    }
+    if (notAcknowledged) throw new NotAcknowledged("left to the service's redelivery");
+    return received > 0 ? "delivered" : "empty";
   }
 
   /**
-   * One delivery, in the SDK's handler: returning acknowledges; throwing a
-   * `Directive` makes the SDK apply it; throwing anything else leaves the
-   * message to the service's redelivery.
+   * One leased message, start to end: confirm the lease (a push callback),
+   * renew it while the consumer runs, wait for a renewal still in flight (so
+   * it cannot land after the directive and undo it), apply the directive, and
+   * report a directive that failed.
    */
-  async #process(consumer: BoundConsumer, topic: string, payload: unknown, metadata: MessageMetadata): Promise<void> {
-    if (metadata.topicName !== topic) {
-      // A trigger pointing at the wrong route: never acknowledge what nobody processed.
-      const message = `route bound to ${consumer.queue} (topic ${topic}) got a message of topic ${metadata.topicName}; check vercel.json`;
-      this.#logger.error(message);
-      throw new NotAcknowledged(message);
+  async #consume(lane: Lane, message: QueueMessage, confirm: boolean): Promise<Outcome> {
+    const expiresAt = this.#expiresAt(message);
+    const ref: LeaseRef = { queueName: lane.topic, consumerGroup: lane.group, receiptHandle: message.receiptHandle };
+    const incident = (kind: VercelIncident["kind"], text: string, alert = false) =>
+      this.#incident({
+        kind,
+        queue: lane.consumer.queue,
+        consumer: lane.consumer.name,
+        messageId: message.messageId,
+        message: text,
+        alert,
+      });
+    /** A lease of `seconds`, never past the message's expiry (the service refuses that). */
+    const leaseFor = (seconds: number) =>
+      Math.max(0, Math.min(seconds, Math.floor((expiresAt - this.#clock.now()) / 1000)));
+    const vt = this.#config.visibilityTimeoutSeconds;
+
+    if (confirm) {
+      // Proof that the service leased this message to this consumer group
+      // under this handle (and the lease the route works under, instead of
+      // the server's short first one): a forged or stale callback gets 404/409.
+      try {
+        await lane.api.changeVisibility({ ...ref, visibilityTimeoutSeconds: leaseFor(vt) });
+      } catch (error) {
+        if (leaseGone(error) || errorName(error) === "BadRequestError") {
+          incident(
+            "unconfirmed_callback",
+            `push callback for message ${message.messageId} not confirmed by the service (${describeError(error)}); the handler did not run`,
+          );
+          return "skipped";
+        }
+        throw error;
+      }
     }
-    const bytes = payload instanceof Uint8Array ? payload : Buffer.from(String(payload), "utf8");
-    const deferral = readDeferral(bytes);
-    // Another consumer's deferral: this consumer has its own copy of the original.
-    if (deferral && deferral.consumer !== consumer.name) return;
-    const body = deferral ? deferral.body : bytes;
-    const deliveryCount = (deferral?.attemptsSpent ?? 0) + metadata.deliveryCount;
-    const deferrals = deferral?.deferrals ?? 0;
-    const dueAt = deferral?.dueAt ?? this.#dueAt(metadata);
-    const replay = deferral?.replay === true;
-    const event = { queue: consumer.queue, consumer: consumer.name, messageId: metadata.messageId, deliveryCount };
+
+    let stopped = false;
+    let timer: NodeJS.Timeout | undefined;
+    let renewal: Promise<void> | undefined;
+    const renew = () => {
+      timer = undefined;
+      if (stopped) return;
+      renewal = (async () => {
+        try {
+          const seconds = leaseFor(vt);
+          if (seconds > 0) await lane.api.changeVisibility({ ...ref, visibilityTimeoutSeconds: seconds });
+          if (!stopped) timer = setTimeout(renew, this.#config.leaseRenewalMs).unref();
+        } catch (error) {
+          incident("lease_renewal_failed", `lease renewal failed: ${describeError(error)}`);
+          // A lease that is gone stays gone; anything else is tried again soon.
+          if (!leaseGone(error) && !stopped) {
+            timer = setTimeout(renew, Math.min(3_000, this.#config.leaseRenewalMs)).unref();
+          }
+        }
+      })();
+    };
+    // Unref'd like the core's other timers: the delivery itself keeps the process busy.
+    timer = setTimeout(renew, this.#config.leaseRenewalMs).unref();
+    let processed: Processed;
+    try {
+      processed = await this.#process(lane, message, expiresAt);
+    } catch (error) {
+      processed = { action: { kind: "none" } };
+      this.#logger.error(`${lane.consumer.name}: delivery failed: ${describeError(error)}`, {
+        messageId: message.messageId,
+      });
+    } finally {
+      stopped = true;
+      clearTimeout(timer);
+      // A renewal already sent must finish before the directive, or it could
+      // land after it and move the lease back to the full visibility timeout.
+      await renewal;
+    }
+
+    const { action } = processed;
+    const emit = (applied: boolean) => {
+      if (!processed.event) return;
+      if (action.kind === "ack") {
+        this.#emit({
+          ...processed.event,
+          action: action.event ?? "ack",
+          ...(action.afterSeconds !== undefined ? { afterSeconds: action.afterSeconds } : {}),
+          applied,
+        });
+      } else if (action.kind === "visibility") {
+        this.#emit({ ...processed.event, action: "visibility", afterSeconds: action.seconds, applied });
+      } else this.#emit({ ...processed.event, action: "none", applied });
+    };
+    if (action.kind === "none") {
+      if (lane.mode === "push") {
+        // The route answers 500; whether the service then waits the trigger's
+        // retryAfterSeconds or the lease (which the confirmation lengthened) is
+        // undocumented: end the lease then, so both answers agree. Best effort.
+        await lane.api
+          .changeVisibility({ ...ref, visibilityTimeoutSeconds: leaseFor(lane.redeliverySeconds) })
+          .catch(() => {});
+      }
+      emit(true);
+      return "not_acknowledged";
+    }
+    try {
+      await this.#directive(() =>
+        action.kind === "ack"
+          ? lane.api.acknowledgeMessage(ref)
+          : lane.api.changeVisibility({ ...ref, visibilityTimeoutSeconds: action.seconds }),
+      );
+    } catch (error) {
+      // The message comes back when its lease ends (an acknowledged job as a
+      // duplicate the fence absorbs; a retry possibly earlier than its backoff).
+      const what = action.kind === "ack" ? "ack_failed" : "visibility_failed";
+      incident(
+        what,
+        `${action.kind === "ack" ? "acknowledgement" : `visibility change of ${action.seconds} s`} failed: ${describeError(error)}; the message comes back when its lease ends`,
+      );
+      emit(false);
+      return "directive_failed";
+    }
+    emit(true);
+    return "done";
+  }
+
+  /** Applies an acknowledgement or visibility change, trying again on network errors and a short 429. */
+  async #directive(call: () => Promise<unknown>): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await call();
+        return;
+      } catch (error) {
+        if (attempt >= DIRECTIVE_TRIES) throw error;
+        const retryAfter = (error as { retryAfter?: unknown }).retryAfter;
+        if (errorName(error) === "TooManyRequestsError") {
+          if (typeof retryAfter !== "number" || retryAfter > DIRECTIVE_MAX_RETRY_AFTER_S) throw error;
+          await new Promise((r) => setTimeout(r, retryAfter * 1000));
+        } else if (error instanceof TypeError) {
+          await new Promise((r) => setTimeout(r, 250 * attempt));
+        } else throw error;
+      }
+    }
+  }
+
+  /** When the service drops the message; the SDK's own assumption (a day after the send) when it says nothing. */
+  #expiresAt(message: QueueMessage): number {
+    const reported = message.expiresAt?.getTime();
+    return reported !== undefined && Number.isFinite(reported) ? reported : message.createdAt.getTime() + 86_400_000;
+  }
+
+  /**
+   * One delivery: unwrap, hand it to the harness, and decide what the service
+   * must do so that the message comes back when the harness asks — or, when
+   * the service would drop it first (its delivery cap or its retention), so
+   * that a fresh copy carries it on, or its dead letter is written now.
+   */
+  async #process(lane: Lane, message: QueueMessage, expiresAt: number): Promise<Processed> {
+    const { consumer } = lane;
+    const bytes = message.payload;
+    const wrapper = readWrapper(bytes);
+    // Another consumer's copy (a deferral, a replay): this consumer has its own.
+    if (wrapper?.consumer !== undefined && wrapper.consumer !== consumer.name) return { action: { kind: "ack" } };
+    const body = wrapper ? wrapper.body : bytes;
+    const now = this.#clock.now();
+    const attemptsBefore = wrapper?.attemptsSpent ?? 0;
+    const deferrals = wrapper?.deferrals ?? 0;
+    // The consumer's replay topic carries only replays for it (a deferral of
+    // one is republished there, keeping the lane).
+    const replayLane = lane.topic === lane.replayTopic;
+    const replay = wrapper?.replay === true || replayLane;
+    const dueAt = wrapper?.dueAt ?? message.createdAt.getTime();
+    const carried: WrapperHead = {
+      consumer: consumer.name,
+      attemptsSpent: attemptsBefore,
+      deferrals,
+      dueAt,
+      ...(replay ? { replay: true } : {}),
+    };
+    const last = message.deliveryCount >= lane.maxDeliveries;
+    const fitsBefore = (waitSeconds: number) =>
+      !last && this.#clock.now() + waitSeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
+
+    // A hop: came due before its time (a wait longer than one message holds).
+    if (wrapper?.notBefore !== undefined && wrapper.notBefore > now + 1_000) {
+      const remaining = Math.ceil((wrapper.notBefore - now) / 1000);
+      try {
+        await this.#republish(lane, message, carried, body, remaining, wrapper.notBefore);
+        return { action: { kind: "ack" } };
+      } catch (error) {
+        const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
+        this.#incident({
+          kind: "republish_failed",
+          queue: consumer.queue,
+          consumer: consumer.name,
+          messageId: message.messageId,
+          message: `could not republish a message due in ${remaining} s (${describeError(error)}); ${fitsBefore(seconds) ? `it waits ${seconds} s on its lease` : "it is left to the service"}`,
+          alert: false,
+        });
+        return { action: fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" } };
+      }
+    }
+
+    const deliveryCount = attemptsBefore + message.deliveryCount;
+    const delivery: Delivery = {
+      body,
+      deliveryCount,
+      messageId: message.messageId,
+      dueAt,
+      ...(wrapper?.consumer !== undefined || replayLane ? { targetConsumer: consumer.name } : {}),
+      ...(deferrals > 0 ? { deferrals } : {}),
+      ...(replay ? { replay: true } : {}),
+    };
+    const event = { queue: consumer.queue, consumer: consumer.name, messageId: message.messageId, deliveryCount };
+
+    // A body this transport could not wrap could never be deferred or
+    // replayed: poison, as publish refuses it (another producer sent it).
+    const size = byteLength(body);
+    if (size > this.#maxBodyBytes && typeof consumer.deadLetterNow === "function") {
+      const result = await consumer.deadLetterNow(delivery, {
+        errorClass: "poison",
+        attempts: 0,
+        error: `the message is ${size} bytes, beyond the ${this.#maxBodyBytes} bytes this transport can carry through a deferral or a replay (maxMessageBytes ${this.#config.maxMessageBytes} less the wrapper)`,
+      });
+      return { action: result.ack ? { kind: "ack" } : { kind: "none" }, event: { ...event, result } };
+    }
 
     let result: DeliveryResult;
     try {
-      result = await consumer.deliver({
-        body,
-        deliveryCount,
-        messageId: metadata.messageId,
-        dueAt,
-        ...(deferral ? { targetConsumer: deferral.consumer } : {}),
-        ...(deferrals > 0 ? { deferrals } : {}),
-        ...(replay ? { replay: true } : {}),
-      });
+      result = await consumer.deliver(delivery);
     } catch (thrown) {
       const error = describeError(thrown);
-      this.#emit({ ...event, result: { outcome: "thrown", error }, action: "none" });
-      throw new NotAcknowledged(`deliver threw: ${error}`);
+      return {
+        action: await this.#unacknowledged(
+          lane,
+          message,
+          expiresAt,
+          { ...carried, attemptsSpent: deliveryCount },
+          body,
+        ),
+        event: { ...event, result: { outcome: "thrown", error } },
+      };
     }
-    if (result.ack) {
-      this.#emit({ ...event, result, action: "ack" });
-      return;
-    }
+    if (result.ack) return { action: { kind: "ack" }, event: { ...event, result } };
     if (result.outcome === "dead_letter_failed") {
-      this.#emit({ ...event, result, action: "none" });
-      throw new NotAcknowledged(result.error);
+      return {
+        action: await this.#unacknowledged(
+          lane,
+          message,
+          expiresAt,
+          { ...carried, attemptsSpent: deliveryCount },
+          body,
+        ),
+        event: { ...event, result },
+      };
     }
+
     const afterSeconds =
       Number.isFinite(result.retryAfterMs) && result.retryAfterMs >= 0
         ? Math.max(1, Math.ceil(result.retryAfterMs / 1000))
         : this.#config.visibilityTimeoutSeconds;
-    if (result.spendsAttempt && afterSeconds <= VERCEL_MAX_VISIBILITY_SECONDS) {
-      this.#emit({ ...event, result, action: "visibility", afterSeconds });
-      throw new Directive({ afterSeconds });
+    // A retry that spends the attempt waits on its lease, if the lease can
+    // hold it and the service will still deliver it then.
+    if (result.spendsAttempt && afterSeconds <= VERCEL_MAX_VISIBILITY_SECONDS && fitsBefore(afterSeconds)) {
+      return { action: { kind: "visibility", seconds: afterSeconds }, event: { ...event, result } };
     }
-    // A wait that must not count (rate limit, handler never started), or one
-    // longer than a lease can be: republish with the attempts spent and the
-    // deferrals so far, then acknowledge.
-    const attemptsSpent = result.spendsAttempt ? deliveryCount : deliveryCount - 1;
-    const deferralsSoFar = result.spendsAttempt ? deferrals : deferrals + 1;
-    let delaySeconds = afterSeconds;
-    if (delaySeconds > this.#horizonSeconds) {
-      this.#logger.warn(
-        `${consumer.name}: a wait of ${delaySeconds} s is beyond the Vercel Queues horizon; deferring ${this.#horizonSeconds} s`,
-        { messageId: metadata.messageId },
-      );
-      delaySeconds = this.#horizonSeconds;
-    }
+    // Otherwise a fresh copy carries it: a wait that must not count (rate
+    // limit, handler never started), one longer than a lease, or one the
+    // service would not live to deliver (past the cap or the retention).
+    const head: WrapperHead = {
+      ...carried,
+      attemptsSpent: result.spendsAttempt ? deliveryCount : deliveryCount - 1,
+      deferrals: result.spendsAttempt ? deferrals : deferrals + 1,
+    };
+    let stored: "stored" | "accepted";
     try {
-      await this.#send(
-        topic,
-        encodeDeferral(consumer.name, attemptsSpent, body, { dueAt, replay, deferrals: deferralsSoFar }),
-        delaySeconds,
-        // Per consumer: every consumer group of the topic sees the same message id,
-        // and a shared key would let the provider drop the second group's deferral.
-        deferralKey(consumer.name, metadata.messageId, metadata.deliveryCount),
-      );
+      stored = await this.#republish(lane, message, head, body, afterSeconds);
     } catch (thrown) {
-      // The message must not be lost: wait on the lease instead (this wait then
-      // counts as an attempt, and the deferral is not counted in `deferrals`).
+      const error = describeError(thrown);
       const fallback = Math.min(afterSeconds, VERCEL_MAX_VISIBILITY_SECONDS);
-      this.#logger.warn(
-        `${consumer.name}: could not republish a deferral (${describeError(thrown)}); delaying the lease ${fallback} s instead`,
-        { messageId: metadata.messageId },
-      );
-      this.#emit({ ...event, result, action: "visibility", afterSeconds: fallback });
-      throw new Directive({ afterSeconds: fallback });
+      if (fitsBefore(fallback)) {
+        // The message must not be lost: wait on the lease instead (this wait
+        // then counts as an attempt, and the deferral is not counted in `deferrals`).
+        this.#incident({
+          kind: "republish_failed",
+          queue: consumer.queue,
+          consumer: consumer.name,
+          messageId: message.messageId,
+          message: `could not republish a deferral (${error}); delaying the lease ${fallback} s instead`,
+          alert: false,
+        });
+        return { action: { kind: "visibility", seconds: fallback }, event: { ...event, result } };
+      }
+      // Neither a copy nor the lease can bring it back: the dead letter now.
+      const expiring = !last;
+      return {
+        action: await this.#deadLetterNow(lane, message, delivery, {
+          errorClass: expiring ? "expired" : "exhausted",
+          attempts: head.attemptsSpent,
+          error: `${result.error} (a redelivery in ${afterSeconds} s would come ${expiring ? `after the message expires at ${new Date(expiresAt).toISOString()}` : `after its last permitted delivery (${lane.maxDeliveries})`}, and republishing it failed: ${error})`,
+        }),
+        event: { ...event, result },
+      };
     }
-    this.#emit({ ...event, result, action: "deferred", afterSeconds: delaySeconds });
-    throw new Directive({ acknowledge: true });
+    if (stored === "accepted" && fitsBefore(Math.min(afterSeconds + 60, VERCEL_MAX_VISIBILITY_SECONDS))) {
+      // 202: "accepted for deferred processing", no id. Keep the original
+      // leased a little past the copy's delay as insurance: if the copy
+      // arrives, the original comes back as a duplicate; if not, it runs.
+      return {
+        action: { kind: "visibility", seconds: Math.min(afterSeconds + 60, VERCEL_MAX_VISIBILITY_SECONDS) },
+        event: { ...event, result },
+      };
+    }
+    return { action: { kind: "ack", event: "deferred", afterSeconds }, event: { ...event, result } };
   }
 
   /**
-   * When a message became deliverable. The service reports only when it was
-   * sent (`createdAt`) and when it expires; every send of this adapter asks for
-   * a retention of its delay plus `retentionSeconds`, so the delay is what the
-   * lifetime has beyond `retentionSeconds` (0 for a producer that sent no delay
-   * and kept the default retention). A deferral carries its original's instead.
-   * A due time well after now cannot be (the message is here): the lifetime was
-   * not ours (another producer's retention, or the SDK's default when the
-   * service sent none), so the send time is used.
+   * A delivery left unacknowledged (the consumer threw, or its dead letter
+   * could not be written) normally waits for the service's redelivery; if that
+   * would come past the cap or the retention, a fresh copy carries it instead.
    */
-  #dueAt(metadata: MessageMetadata): number {
-    const created = metadata.createdAt.getTime();
-    const lifetimeMs = metadata.expiresAt.getTime() - created;
-    const delayMs = Math.min(
-      Math.max(0, lifetimeMs - this.#config.retentionSeconds * 1000),
-      this.#horizonSeconds * 1000,
+  async #unacknowledged(
+    lane: Lane,
+    message: QueueMessage,
+    expiresAt: number,
+    head: WrapperHead,
+    body: string | Uint8Array,
+  ): Promise<Action> {
+    const last = message.deliveryCount >= lane.maxDeliveries;
+    const comesBack = this.#clock.now() + lane.redeliverySeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
+    if (!last && comesBack) return { kind: "none" };
+    const why = last ? `its last permitted delivery (${lane.maxDeliveries})` : "its expiry";
+    try {
+      await this.#republish(lane, message, head, body, lane.redeliverySeconds);
+    } catch (error) {
+      this.#incident({
+        kind: "job_at_risk",
+        queue: lane.consumer.queue,
+        consumer: lane.consumer.name,
+        messageId: message.messageId,
+        message: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and republishing it failed (${describeError(error)}): the service may drop it`,
+        alert: true,
+      });
+      return { kind: "none" };
+    }
+    this.#incident({
+      kind: "rescued_before_drop",
+      queue: lane.consumer.queue,
+      consumer: lane.consumer.name,
+      messageId: message.messageId,
+      message: `delivery ${message.deliveryCount} was not acknowledged at ${why}: republished with the ${head.attemptsSpent} attempts spent`,
+      alert: false,
+    });
+    return { kind: "ack" };
+  }
+
+  async #deadLetterNow(
+    lane: Lane,
+    message: QueueMessage,
+    delivery: Delivery,
+    reason: { errorClass: "exhausted" | "expired"; attempts: number; error: string },
+  ): Promise<Action> {
+    const { consumer } = lane;
+    const report = (kind: VercelIncident["kind"], text: string, alert: boolean) =>
+      this.#incident({
+        kind,
+        queue: consumer.queue,
+        consumer: consumer.name,
+        messageId: message.messageId,
+        message: text,
+        alert,
+      });
+    if (typeof consumer.deadLetterNow !== "function") {
+      report("job_at_risk", `${reason.error}; this consumer cannot write its dead letter now`, true);
+      return { kind: "none" };
+    }
+    const result = await consumer.deadLetterNow(delivery, reason);
+    if (!result.ack) {
+      report("job_at_risk", `${reason.error}; its dead letter could not be written either`, true);
+      return { kind: "none" };
+    }
+    report("dead_lettered_before_drop", reason.error, false);
+    return { kind: "ack" };
+  }
+
+  /**
+   * Republishes a job for this consumer (a deferral, a hop, a rescue) with
+   * `delaySeconds`, under an idempotency key of this delivery. "accepted":
+   * the service answered 202 (stored later, no id).
+   */
+  async #republish(
+    lane: Lane,
+    message: QueueMessage,
+    head: WrapperHead,
+    body: string | Uint8Array,
+    delaySeconds: number,
+    notBefore?: number,
+  ): Promise<"stored" | "accepted"> {
+    const hop = delaySeconds > this.#maxDelaySeconds;
+    const until = notBefore ?? (hop ? this.#clock.now() + delaySeconds * 1000 : undefined);
+    const wrapped = encodeWrapper({ ...head, ...(until !== undefined && hop ? { notBefore: until } : {}) }, body);
+    const { messageId } = await this.#send(
+      lane.topic,
+      wrapped,
+      Math.min(delaySeconds, this.#maxDelaySeconds),
+      republishKey({
+        consumer: lane.consumer.name,
+        topic: lane.topic,
+        deploymentId: this.#config.deploymentId,
+        createdAt: message.createdAt.getTime(),
+        messageId: message.messageId,
+        deliveryCount: message.deliveryCount,
+        body: message.payload,
+      }),
     );
-    const due = created + delayMs;
-    return Number.isFinite(due) && due <= this.#clock.now() + DUE_AT_SKEW_MS ? due : created;
+    return messageId === null ? "accepted" : "stored";
+  }
+
+  #incident(incident: VercelIncident): void {
+    this.#incidents.set(incident.kind, (this.#incidents.get(incident.kind) ?? 0) + 1);
+    const fields = {
+      kind: incident.kind,
+      queue: incident.queue,
+      consumer: incident.consumer,
+      messageId: incident.messageId,
+    };
+    if (incident.alert || incident.kind.endsWith("_failed")) this.#logger.error(incident.message, fields);
+    else this.#logger.warn(incident.message, fields);
+    // An observer's bug must not change what happens to the message.
+    try {
+      this.#metrics?.transportIncident?.({ queue: incident.queue, consumer: incident.consumer, kind: incident.kind });
+    } catch {}
+    try {
+      this.#onIncident?.(incident);
+    } catch {}
   }
 
   #emit(event: VercelDeliveryEvent): void {
@@ -714,29 +1563,72 @@ class VercelQueueAdapter implements VercelQueue {
 
 class PollWorker implements VercelWorker {
   readonly done: Promise<void>;
+  readonly failed: Promise<Error>;
   #inFlight = 0;
   #stopping = false;
+  #failure: Error | undefined;
+  #authFailures = 0;
+  #lastReceiveAt: number | undefined;
+  #lastError: string | undefined;
+  #resolveFailed: (error: Error) => void = () => {};
   readonly #wakers = new Set<() => void>();
 
   constructor(
-    receive: (lane: number) => Promise<"delivered" | "empty">,
-    concurrency: number,
-    idleDelayMs: number,
-    errorDelayMs: number,
+    receive: () => Promise<"delivered" | "empty">,
+    options: {
+      readonly concurrency: number;
+      readonly idleDelayMs: number;
+      readonly errorDelayMs: number;
+      readonly authAlertAfter: number;
+      readonly maxAuthFailures: number;
+    },
+    clock: Clock,
+    incident: (kind: VercelIncident["kind"], message: string, alert: boolean) => void,
     logger: Logger,
     label: string,
   ) {
-    const lane = async (n: number) => {
+    this.failed = new Promise((resolve) => {
+      this.#resolveFailed = resolve;
+    });
+    const lane = async () => {
       while (!this.#stopping) {
         let wait = 0;
         this.#inFlight += 1;
         try {
-          if ((await receive(n)) === "empty") wait = idleDelayMs;
+          if ((await receive()) === "empty") wait = options.idleDelayMs;
+          this.#authFailures = 0;
+          this.#lastReceiveAt = clock.now();
         } catch (error) {
           if (!(error instanceof NotAcknowledged)) {
             // The service or the network failed: back off, the messages stay queued.
-            logger.warn(`vercel worker ${label}: receive failed: ${describeError(error)}`);
-            wait = errorDelayMs;
+            this.#lastError = describeError(error);
+            wait = options.errorDelayMs;
+            if (authFailure(error)) {
+              // Off Vercel, an expired OIDC token can only be refreshed through a
+              // linked Vercel CLI: retrying forever would hide a stalled worker
+              // while its messages run out of retention.
+              this.#authFailures += 1;
+              const n = this.#authFailures;
+              if (n >= options.maxAuthFailures && !this.#failure) {
+                this.#failure = new Error(
+                  `vercel worker ${label}: ${n} consecutive auth failures (last: ${this.#lastError}); stopped. Renew the token (VERCEL_OIDC_TOKEN, or options.token) and restart the worker`,
+                );
+                incident("worker_failed", this.#failure.message, true);
+                this.#stopping = true;
+                for (const wake of this.#wakers) wake();
+                this.#resolveFailed(this.#failure);
+              } else if (n === options.authAlertAfter) {
+                incident(
+                  "auth_failed",
+                  `vercel worker ${label}: ${n} consecutive auth failures (${this.#lastError}); it stops after ${options.maxAuthFailures}`,
+                  true,
+                );
+              } else {
+                incident("auth_failed", `vercel worker ${label}: receive refused: ${this.#lastError}`, false);
+              }
+            } else {
+              logger.warn(`vercel worker ${label}: receive failed: ${this.#lastError}`);
+            }
           }
         } finally {
           this.#inFlight -= 1;
@@ -744,11 +1636,30 @@ class PollWorker implements VercelWorker {
         if (wait > 0 && !this.#stopping) await this.#sleep(wait);
       }
     };
-    this.done = Promise.all(Array.from({ length: concurrency }, (_, n) => lane(n))).then(() => {});
+    this.done = Promise.all(Array.from({ length: options.concurrency }, lane)).then(() => {});
+    this.#authAlertAfter = options.authAlertAfter;
   }
+
+  readonly #authAlertAfter: number;
 
   get inFlight(): number {
     return this.#inFlight;
+  }
+
+  health(): VercelWorkerHealth {
+    const state = this.#failure
+      ? "failed"
+      : this.#stopping
+        ? "stopped"
+        : this.#authFailures >= this.#authAlertAfter
+          ? "degraded"
+          : "running";
+    return {
+      state,
+      consecutiveAuthFailures: this.#authFailures,
+      lastReceiveAt: this.#lastReceiveAt,
+      lastError: this.#lastError,
+    };
   }
 
   async stop(): Promise<void> {
@@ -770,10 +1681,129 @@ class PollWorker implements VercelWorker {
   }
 }
 
+/** A worker's live and replay poll loops, seen as one worker. */
+class CombinedWorker implements VercelWorker {
+  readonly done: Promise<void>;
+  readonly failed: Promise<Error>;
+  readonly #parts: readonly PollWorker[];
+
+  constructor(parts: readonly PollWorker[]) {
+    this.#parts = parts;
+    this.done = Promise.all(parts.map((p) => p.done)).then(() => {});
+    this.failed = Promise.race(parts.map((p) => p.failed));
+    // One loop that can no longer receive fails the worker: the others stop too.
+    void this.failed.then(() => this.stop());
+  }
+
+  get inFlight(): number {
+    return this.#parts.reduce((sum, p) => sum + p.inFlight, 0);
+  }
+
+  health(): VercelWorkerHealth {
+    // The worst of its loops: one that cannot receive is the worker's state.
+    const order = ["failed", "degraded", "running", "stopped"] as const;
+    const all = this.#parts.map((p) => p.health());
+    return all.reduce((worst, h) => (order.indexOf(h.state) < order.indexOf(worst.state) ? h : worst));
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.#parts.map((p) => p.stop()));
+  }
+}
+
 /**
  * Creates the Vercel Queues adapter. Reads and checks its configuration now
  * (`InvalidConfigError` listing what is missing), so a module fails at start.
  */
 export function createVercelQueue(options: VercelQueueOptions = {}): VercelQueue {
   return new VercelQueueAdapter(options);
+}
+
+// ---------------------------------------------------------------------------
+// vercel.json trigger blocks
+
+export interface VercelTriggerOptions {
+  /** The route file serving the consumer: its key under vercel.json `functions` (e.g. "app/api/queues/award-points/route.ts"). */
+  readonly route: string;
+  /**
+   * Database connections this consumer's deliveries may hold at once, across
+   * every invocation (its share of the pool / max_connections). Each delivery
+   * holds one at a time (its work transaction, then its dead-letter decision).
+   */
+  readonly databaseConnections: number;
+  /** The trigger's concurrency cap. @default databaseConnections; never above it */
+  readonly maxConcurrency?: number;
+  /** Wait after a failed callback. @default 60 */
+  readonly retryAfterSeconds?: number;
+  /** Deliveries before the service drops the message. @default DEFAULT_MAX_DELIVERIES; at least maxAttempts + 2 */
+  readonly maxDeliveries?: number;
+}
+
+/** One `queue/v2beta` entry of a function's `experimentalTriggers`. */
+export interface VercelTrigger {
+  readonly type: "queue/v2beta";
+  readonly topic: string;
+  readonly retryAfterSeconds: number;
+  readonly maxDeliveries: number;
+  readonly maxConcurrency: number;
+}
+
+export interface VercelFunctionsConfig {
+  readonly functions: Readonly<Record<string, { readonly experimentalTriggers: readonly [VercelTrigger] }>>;
+}
+
+/**
+ * The trigger of a consumer's route, from its definition: every option
+ * written out (the server's defaults are undocumented; an older trigger
+ * version dropped messages after 3 deliveries), and checked the way the
+ * adapter checks the route when it is bound (`pushHandler(bound, { maxDeliveries, retryAfterSeconds })`).
+ */
+export function vercelTrigger(
+  consumer: { readonly name: string; readonly queue: string; readonly retryPolicy?: { readonly maxAttempts: number } },
+  options: VercelTriggerOptions,
+): { readonly route: string; readonly trigger: VercelTrigger } {
+  const owner = `vercel trigger of consumer ${JSON.stringify(consumer?.name)}`;
+  if (typeof options?.route !== "string" || options.route.trim() === "") {
+    throw new InvalidConfigError(`${owner}: route must name the route file serving it`);
+  }
+  const maxAttempts = consumer.retryPolicy?.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
+  const maxDeliveries = positiveInteger(options.maxDeliveries ?? DEFAULT_MAX_DELIVERIES, "maxDeliveries");
+  if (maxDeliveries < maxAttempts + 2) {
+    throw new InvalidConfigError(
+      `${owner}: maxDeliveries ${maxDeliveries} is below maxAttempts + 2 (${maxAttempts + 2}); the service would drop jobs before the harness dead-letters them`,
+    );
+  }
+  const connections = positiveInteger(options.databaseConnections, "databaseConnections");
+  const maxConcurrency = positiveInteger(options.maxConcurrency ?? connections, "maxConcurrency");
+  if (maxConcurrency > connections) {
+    throw new InvalidConfigError(
+      `${owner}: maxConcurrency ${maxConcurrency} is above its ${connections} database connections; deliveries beyond them would wait for a connection while their leases run`,
+    );
+  }
+  return {
+    route: options.route,
+    trigger: {
+      type: "queue/v2beta",
+      topic: toVercelTopic(consumer.queue),
+      retryAfterSeconds: positiveInteger(options.retryAfterSeconds ?? 60, "retryAfterSeconds"),
+      maxDeliveries,
+      maxConcurrency,
+    },
+  };
+}
+
+/** The vercel.json `functions` block of these triggers (one `queue/v2beta` trigger per function, as Vercel allows). */
+export function vercelFunctionsConfig(
+  triggers: readonly { readonly route: string; readonly trigger: VercelTrigger }[],
+): VercelFunctionsConfig {
+  const functions: Record<string, { readonly experimentalTriggers: readonly [VercelTrigger] }> = {};
+  for (const { route, trigger } of triggers) {
+    if (functions[route]) {
+      throw new InvalidConfigError(
+        `vercel.json: route ${route} has two queue triggers; Vercel allows one per function`,
+      );
+    }
+    functions[route] = { experimentalTriggers: [trigger] };
+  }
+  return { functions };
 }

@@ -14,7 +14,7 @@ import { InvalidConfigError, PermanentError, RateLimitedError } from "../../erro
 import { createOps } from "../../ops/index.ts";
 import type { BoundConsumer } from "../../queue-port.ts";
 import { DEFAULT_RETRY_POLICY, retryDelayMs } from "../../retry.ts";
-import { createVercelQueue, fromVercelTopic, toVercelTopic } from "./index.ts";
+import { createVercelQueue, fromVercelTopic, readVercelWrapper, toVercelTopic } from "./index.ts";
 
 const pg = useEffectsDatabase("vercel");
 
@@ -45,6 +45,14 @@ const bind = (consumer: ReturnType<typeof pointsConsumer>) =>
 
 const effectRows = (consumer: string) => pg.db.select().from(effects).where(eq(effects.consumer, consumer));
 const letters = (consumer: string) => pg.db.select().from(deadLetters).where(eq(deadLetters.consumer, consumer));
+
+/** Acknowledgements and visibility changes, without the push route's lease confirmation (a PATCH to the full 300 s lease). */
+const directives = (h: VercelHarness) =>
+  h.fake.leaseCalls.filter((c) => !(c.method === "PATCH" && c.visibilityTimeoutSeconds === 300));
+/** The JSON header of a wrapper the adapter sent (a deferral, a replay, a delayed message). */
+const wrapperHead = (body: Buffer) => JSON.parse(body.subarray(0, body.indexOf(10)).toString("utf8"));
+const text = (body: string | Uint8Array | undefined) =>
+  typeof body === "string" ? body : Buffer.from(body ?? new Uint8Array()).toString("utf8");
 
 let harness: VercelHarness | undefined;
 afterEach(async () => {
@@ -167,21 +175,61 @@ describe("publish and schedule", () => {
     ]);
   });
 
-  test("a runAt beyond the horizon is a clear error and sends nothing; within it, delay and retention are sent", async () => {
+  test("every message asks for the longest retention; a delayed one carries its due time (#11 item 2)", async () => {
     const h = await open("push");
     const now = h.fake.clock.now();
-    await expect(h.queue.schedule("loyalty.points", award(), new Date(now + 6 * 86_400_000 + 1_000))).rejects.toThrow(
-      /beyond the Vercel Queues horizon of 518400 s/,
-    );
-    await expect(h.queue.publish("loyalty.points", award(), { delayMs: 7 * 86_400_000 })).rejects.toThrow(
-      InvalidConfigError,
-    );
-    expect(h.fake.sends).toHaveLength(0);
+    await h.queue.publish("loyalty.points", award());
     await h.queue.schedule("loyalty.points", award(), new Date(now + 5 * 86_400_000 + 400));
-    expect(h.fake.sends[0]).toMatchObject({ delaySeconds: 432_001, retentionSeconds: 432_001 + 86_400 });
     await h.queue.schedule("loyalty.points", award(), new Date(now - 1));
-    expect(h.fake.sends[1]).toMatchObject({ delaySeconds: undefined, retentionSeconds: 86_400 });
+    expect(h.fake.sends.map((s) => [s.delaySeconds, s.retentionSeconds])).toEqual([
+      [undefined, 604_800],
+      [432_001, 604_800],
+      [undefined, 604_800],
+    ]);
+    expect(wrapperHead(h.fake.sends[1]?.body as Buffer)).toMatchObject({ due_at: now + 5 * 86_400_000 + 400 });
+    expect(h.queue.transportHoldMs).toBe(604_800_000);
   });
+
+  test("the retention is configurable and checked at creation, and the fence hold follows it (#11 item 2)", async () => {
+    const base = { env: {}, region: "iad1", token: "t", deploymentId: null };
+    expect(() => createVercelQueue({ ...base, retentionSeconds: 700_000 })).toThrow(/retentionSeconds/);
+    expect(() => createVercelQueue({ ...base, retentionSeconds: 86_400, deliveryWindowSeconds: 86_400 })).toThrow(
+      /deliveryWindowSeconds/,
+    );
+    const day = createVercelQueue({ ...base, retentionSeconds: 86_400 });
+    expect(day.transportHoldMs).toBe(86_400_000);
+    await day.close();
+    const h = await open("push", { retentionSeconds: 86_400 });
+    await h.queue.schedule("loyalty.points", award(), new Date(h.fake.clock.now() + 10 * 3_600_000));
+    expect(h.fake.sends[0]).toMatchObject({ delaySeconds: 36_000, retentionSeconds: 86_400 });
+  });
+
+  for (const mode of ["push", "poll"] as const) {
+    test(`${mode}: schedule() weeks ahead travels in hops and runs once at runAt, never clamped (#11 item 2)`, async () => {
+      const h = await open(mode);
+      const seen: { at: number; deliveryCount: number; dueAt: number | undefined }[] = [];
+      const consumer = bind(pointsConsumer());
+      h.subscribe({
+        ...consumer,
+        name: consumer.name,
+        queue: consumer.queue,
+        maxAttempts: 5,
+        deliver: async (delivery) => {
+          seen.push({ at: h.fake.clock.now(), deliveryCount: delivery.deliveryCount, dueAt: delivery.dueAt });
+          return consumer.deliver(delivery);
+        },
+      });
+      const runAt = h.fake.clock.now() + 20 * 86_400_000 + 250;
+      await h.queue.schedule(consumer.queue, award(), new Date(runAt));
+      await h.settle(30 * 86_400_000);
+      expect(seen).toEqual([{ at: runAt + 750, deliveryCount: 1, dueAt: runAt }]);
+      // 20 days in hops of at most 6 (7-day retention less a day to deliver it), each a fresh message.
+      expect(h.fake.sends.map((s) => s.delaySeconds)).toEqual([518_400, 518_400, 518_400, 172_801]);
+      expect(h.fake.sends.every((s) => s.retentionSeconds === 604_800)).toBe(true);
+      expect(await effectRows(consumer.name)).toHaveLength(1);
+      expect(h.fake.drops).toEqual([]);
+    });
+  }
 });
 
 describe("push mode (route handler)", () => {
@@ -197,6 +245,7 @@ describe("push mode (route handler)", () => {
     await h.fake.dispatch();
     const backoff = Math.ceil(retryDelayMs(DEFAULT_RETRY_POLICY, 1, random) / 1000);
     expect(h.fake.leaseCalls.map((c) => [c.method, c.visibilityTimeoutSeconds, c.status])).toEqual([
+      ["PATCH", 300, 200], // the route confirms its lease before running anything
       ["PATCH", backoff, 200],
     ]);
     expect(h.fake.callbacks.map((c) => c.status)).toEqual([200]);
@@ -219,7 +268,7 @@ describe("push mode (route handler)", () => {
     h.fake.inject(topic, "not json at all");
     await h.queue.publish(consumer.queue, award(13));
     await h.fake.dispatch();
-    expect(h.fake.leaseCalls.map((c) => c.method)).toEqual(["DELETE", "DELETE"]);
+    expect(directives(h).map((c) => c.method)).toEqual(["DELETE", "DELETE"]);
     const rows = await letters(consumer.name);
     expect(rows.map((r) => r.errorClass).sort()).toEqual(["permanent", "poison"]);
     expect(rows.find((r) => r.errorClass === "poison")?.payload).toBe("not json at all");
@@ -241,7 +290,8 @@ describe("push mode (route handler)", () => {
       await h.fake.dispatch();
       const group = h.fake.callbacks[0]?.group ?? "";
       expect(h.fake.callbacks.map((c) => c.status)).toEqual([500]);
-      expect(h.fake.leaseCalls).toEqual([]);
+      // Not acknowledged: the lease is only set to end with the trigger's retry delay.
+      expect(directives(h).map((c) => [c.method, c.visibilityTimeoutSeconds])).toEqual([["PATCH", 45]]);
       expect(h.fake.pending(topic, group)).toBe(1);
       expect(await letters(consumer.name)).toHaveLength(0);
 
@@ -281,14 +331,14 @@ describe("push mode (route handler)", () => {
     expect(deferrals).toHaveLength(2);
     for (const d of deferrals) {
       expect(d.delaySeconds).toBe(20);
-      expect(d.idempotencyKey).toMatch(new RegExp(`^softcrum-deferral:${consumer.name}:msg_`));
+      expect(d.idempotencyKey).toMatch(/^softcrum-deferral:[0-9a-f]{64}$/);
       // The original is acknowledged only after its deferral was stored.
       const ack = h.fake.leaseCalls.find((c) => c.method === "DELETE" && c.order > d.order);
       expect(ack).toBeDefined();
     }
-    expect(h.fake.leaseCalls.filter((c) => c.method === "DELETE").length).toBe(3);
-    expect(h.fake.leaseCalls.every((c) => c.method === "DELETE")).toBe(true);
-    expect(h.fake.leaseCalls[0]?.order).toBeGreaterThan(deferrals[0]?.order ?? Number.POSITIVE_INFINITY);
+    expect(directives(h).filter((c) => c.method === "DELETE").length).toBe(3);
+    expect(directives(h).every((c) => c.method === "DELETE")).toBe(true);
+    expect(directives(h)[0]?.order).toBeGreaterThan(deferrals[0]?.order ?? Number.POSITIVE_INFINITY);
   });
 
   test("consecutive rate-limited deliveries wait longer each time: the deferral carries the count of deferrals so far (#8 item 9)", async () => {
@@ -304,7 +354,10 @@ describe("push mode (route handler)", () => {
     expect(attempts).toEqual([1, 1, 1, 1, 1]);
     expect(await effectRows(consumer.name)).toHaveLength(1);
     const deferrals = h.fake.sends.slice(1);
-    expect(deferrals.map((d) => JSON.parse(d.body.toString("utf8")).deferrals)).toEqual([1, 2, 3, 4]);
+    expect(deferrals.map((d) => wrapperHead(d.body).deferrals)).toEqual([1, 2, 3, 4]);
+    // The job's bytes travel unchanged after the header line (no escaping, no base64).
+    const original = h.fake.sends[0]?.body.toString("utf8");
+    for (const d of deferrals) expect(text(readVercelWrapper(d.body)?.body)).toBe(original);
     const waits = deferrals.map((d) => d.delaySeconds ?? 0);
     for (let i = 1; i < waits.length; i++) expect(waits[i]).toBeGreaterThan(waits[i - 1] as number);
   });
@@ -354,8 +407,8 @@ describe("push mode (route handler)", () => {
     await h.queue.publish(consumer.queue, award());
     h.fake.failSends(1);
     await h.fake.dispatch();
-    expect(h.fake.leaseCalls.map((c) => [c.method, c.visibilityTimeoutSeconds])).toEqual([["PATCH", 20]]);
-    expect(h.fake.sends).toHaveLength(1);
+    expect(directives(h).map((c) => [c.method, c.visibilityTimeoutSeconds])).toEqual([["PATCH", 20]]);
+    expect(h.fake.sends.map((x) => x.status)).toEqual([201, 500]);
     await h.settle();
     // Honest about the cost: that wait was counted as an attempt, and nothing was lost.
     expect(attempts).toEqual([1, 2]);
@@ -400,10 +453,10 @@ describe("push mode (route handler)", () => {
     expect(attempts).toEqual([1, 2, 3, 4, 5]);
     const [letter] = await letters(consumer.name);
     expect(letter).toMatchObject({ errorClass: "exhausted", attempts: 5, status: "pending_review" });
-    expect(h.fake.leaseCalls.map((c) => c.method)).toEqual(["PATCH", "PATCH", "PATCH", "PATCH", "DELETE"]);
+    expect(directives(h).map((c) => c.method)).toEqual(["PATCH", "PATCH", "PATCH", "PATCH", "DELETE"]);
 
     broken = false;
-    const ops = createOps({ db: pg.db, queue: h.queue });
+    const ops = createOps({ db: pg.db, queue: h.queue, routes: [{ queue: consumer.queue, consumer: consumer.name }] });
     const report = await ops.deadLetters.replay([letter?.id as string], { operator: "ana", reason: "partner back" });
     expect(report.counts).toEqual({ replayed: 1 });
     const replay = h.fake.sends.at(-1);

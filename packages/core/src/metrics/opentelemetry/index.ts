@@ -23,6 +23,8 @@ export interface OtelMetricsOptions {
 }
 
 export interface OtelMetrics extends MetricsPort, OpsMetricsPort {
+  /** Counted as `softcrum.transport.incident`, by kind. */
+  transportIncident(attributes: { readonly queue: string; readonly consumer: string; readonly kind: string }): void;
   /** Stops observing dead-letter depth. */
   close(): void;
 }
@@ -50,6 +52,11 @@ export function createOtelMetrics(options: OtelMetricsOptions = {}): OtelMetrics
   const alertFailed = meter.createCounter("softcrum.alert.failed", {
     description: "Dead-letter alerts that could not be delivered",
     unit: "{alert}",
+  });
+  const transportIncidents = meter.createCounter("softcrum.transport.incident", {
+    description:
+      "Transport incidents the job outcome does not show (failed acks, lost leases, rescues, auth failures), by kind",
+    unit: "{incident}",
   });
   const replayed = meter.createCounter("softcrum.dead_letter.replayed", {
     description: "Dead letters republished by operators",
@@ -107,6 +114,9 @@ export function createOtelMetrics(options: OtelMetricsOptions = {}): OtelMetrics
     },
     alertFailed(a) {
       alertFailed.add(1, jobAttributes(a));
+    },
+    transportIncident(a) {
+      transportIncidents.add(1, { ...jobAttributes(a), "softcrum.transport.incident": a.kind });
     },
     replayed(a) {
       replayed.add(1, jobAttributes(a));

@@ -134,4 +134,13 @@ describe("OpenTelemetry metrics", () => {
     expect((await points("softcrum.dead_letter.failed_again")).map(([, v]) => v)).toEqual([3]);
     expect((await points("softcrum.alert.failed")).map(([, v]) => v)).toEqual([1]);
   });
+
+  test("transport incidents are counted by kind (#11 item 5)", async () => {
+    const metrics = createOtelMetrics({ meter: provider.getMeter("test") });
+    metrics.transportIncident({ queue: "q", consumer: "c", kind: "ack_failed" });
+    metrics.transportIncident({ queue: "q", consumer: "c", kind: "ack_failed" });
+    const [point] = await points("softcrum.transport.incident");
+    expect(point?.[0]).toMatchObject({ "softcrum.transport.incident": "ack_failed" });
+    expect(point?.[1]).toBe(2);
+  });
 });

@@ -1,0 +1,88 @@
+/**
+ * The operator tooling's composition root: the one place that decides which
+ * database and which transport replays go through, configured from the
+ * environment like a module's composition root.
+ *
+ * - DATABASE_URL: the module's database (opened and checked by `database.ts`;
+ *   an in-process module opens its own pool on it for its consumers).
+ * - SOFTCRUM_QUEUE=vercel (production): replays are published on Vercel
+ *   Queues (configured from VERCEL_REGION, OIDC/VERCEL_OIDC_TOKEN,
+ *   VERCEL_DEPLOYMENT_ID), to each consumer's replay topic, for the routes the
+ *   modules registered in MODULES. A letter of any other queue or consumer is
+ *   refused: nothing is known to read it.
+ * - otherwise (local runs): the only transport is in-process. Modules that
+ *   offer it (`runInProcess`) run their consumers in this process; a letter of
+ *   any other module is refused, since nobody here would ever read its replay.
+ *
+ * A new module makes its letters replayable by exporting a `ReplayModule`
+ * (its consumers' routes) and adding it to MODULES.
+ */
+import {
+  firstRoutingReplay,
+  type InProcessConsumers,
+  inProcessReplay,
+  NOT_IN_PROCESS,
+  type ReplayModule,
+  type ReplayTransport,
+  registeredReplay,
+} from "@softcrum/core/ops";
+import { loyaltyOps } from "@softcrum/example-loyalty/ops-binding";
+
+/** The registry: every module whose dead letters the operator tooling can replay. */
+export const MODULES: readonly ReplayModule[] = [loyaltyOps];
+
+export interface ReplayComposition {
+  readonly replay: ReplayTransport;
+  /** "vercel" or "in-process": where replays go. */
+  readonly transport: "vercel" | "in-process";
+  /** Lets in-process replays finish, then closes the transport. */
+  close(): Promise<void>;
+}
+
+/**
+ * The transport replays go out through, from the environment. Only commands
+ * that publish open it (the database is the CLI's own, `database.ts`).
+ */
+export async function openReplayTransport(
+  options: { readonly databaseUrl: string },
+  env: Readonly<Record<string, string | undefined>> = process.env,
+  modules: readonly ReplayModule[] = MODULES,
+): Promise<ReplayComposition> {
+  const transport = env["SOFTCRUM_QUEUE"] ?? "memory";
+  if (transport !== "memory" && transport !== "vercel") {
+    throw new Error(`SOFTCRUM_QUEUE must be "memory" or "vercel", got ${JSON.stringify(transport)}`);
+  }
+  if (transport === "vercel") {
+    // Loaded only here, so local runs never need the Vercel SDK.
+    const { createVercelQueue } = await import("@softcrum/core/adapters/vercel");
+    const queue = createVercelQueue({ env });
+    return {
+      transport: "vercel",
+      replay: registeredReplay(
+        queue,
+        modules.flatMap((m) => m.routes),
+        { transport: "Vercel Queues" },
+      ),
+      close: () => queue.close(),
+    };
+  }
+  const running: InProcessConsumers[] = [];
+  try {
+    for (const module of modules) {
+      if (module.runInProcess) running.push(await module.runInProcess({ databaseUrl: options.databaseUrl }));
+    }
+  } catch (error) {
+    await Promise.allSettled(running.map((r) => r.close()));
+    throw error;
+  }
+  return {
+    transport: "in-process",
+    replay: firstRoutingReplay(
+      running.map((r) => inProcessReplay(r.lanes)),
+      { noneReason: NOT_IN_PROCESS },
+    ),
+    async close() {
+      await Promise.allSettled(running.map((r) => r.close()));
+    },
+  };
+}

@@ -1,0 +1,82 @@
+import { describe, expect, test } from "vitest";
+import { age, duration, fields, nameFlags, phaseOf, prettyPayload, table } from "../src/format.ts";
+
+describe("readable output (#10 item 13)", () => {
+  test.each([
+    [0, "0ms"],
+    [850, "850ms"],
+    [42_000, "42s"],
+    [185_000, "3m 5s"],
+    [11_520_000, "3h 12m"],
+    [3 * 3_600_000, "3h"],
+    [2 * 86_400_000 + 4 * 3_600_000, "2d 4h"],
+  ])("duration(%i) is %s", (ms, text) => {
+    expect(duration(ms)).toBe(text);
+  });
+
+  test("ages say how long ago", () => {
+    const now = Date.parse("2026-11-30T12:00:00Z");
+    expect(age(new Date("2026-11-30T08:48:00Z"), now)).toBe("3h 12m ago");
+    expect(age(null, now)).toBe("");
+  });
+
+  test("a table fits the width, cutting the widest cells with … but never an id; wide keeps every cell", () => {
+    const rows = [
+      { id: "01a22bed-d570-71be-8a14-720f35278901", consumer: "loyalty.notify-partner", lastError: "x".repeat(200) },
+    ];
+    const fitted = table(rows, ["id", "consumer", "lastError"], { width: 80 });
+    for (const line of fitted.split("\n")) expect(line.length).toBeLessThanOrEqual(80);
+    expect(fitted).toContain("01a22bed-d570-71be-8a14-720f35278901");
+    expect(fitted).toContain("…");
+    const wide = table(rows, ["id", "consumer", "lastError"], { width: 80, wide: true });
+    expect(wide).toContain("x".repeat(200));
+    expect(fields({ reason: "y".repeat(300) }, ["reason"], { width: 60 }).length).toBeLessThanOrEqual(60);
+  });
+
+  test("when even cut cells do not fit, the last columns are left out and the table says so", () => {
+    const row = Object.fromEntries(["id", "a", "b", "c", "d", "e", "f"].map((c) => [c, `${c}-${"v".repeat(30)}`]));
+    row["id"] = "01a22bed-d570-71be-8a14-720f35278901";
+    const fitted = table([row], ["id", "a", "b", "c", "d", "e", "f"], { width: 70 });
+    for (const line of fitted.split("\n")) expect(line.length, line).toBeLessThanOrEqual(70);
+    expect(fitted).toContain("01a22bed-d570-71be-8a14-720f35278901");
+    expect(fitted).toMatch(/\(.*f left out to fit 70 columns: --wide shows all\)/);
+  });
+
+  test("errors name the flags typed, not the library's fields", () => {
+    expect(nameFlags("invalid filter: createdAfter: must be a date/time", { createdAfter: "--created-after" })).toBe(
+      "invalid input: --created-after: must be a date/time",
+    );
+    expect(
+      nameFlags("invalid filter: envelope: createdAfter must be before createdBefore", {
+        createdAfter: "--since",
+        createdBefore: "--until",
+      }),
+    ).toMatch(/--since must be before --until/);
+    expect(nameFlags("invalid batch: ratePerSecond: Too small", { ratePerSecond: "--rate" })).toBe(
+      "invalid input: --rate: Too small",
+    );
+  });
+
+  test("a JSON payload is pretty-printed; anything else is shown as received", () => {
+    expect(prettyPayload('{"a":1,"b":[2]}')).toBe('{\n  "a": 1,\n  "b": [\n    2\n  ]\n}');
+    expect(prettyPayload("{garbage")).toBe("{garbage");
+  });
+
+  test("the progress says when it waits for the sample check, and when it is paced", () => {
+    const batch = {
+      status: "running",
+      sampleSize: 5,
+      samplePassedAt: null,
+      selected: 100,
+      replayed: 5,
+      skipped: 0,
+      succeeded: 2,
+      failedAgain: 0,
+      ratePerSecond: 25,
+    };
+    expect(phaseOf(batch)).toBe("waiting for the sample check (2 of 5 resolved)");
+    expect(phaseOf({ ...batch, replayed: 3 })).toBe("paced at 25/s");
+    expect(phaseOf({ ...batch, samplePassedAt: new Date(), replayed: 40 })).toBe("paced at 25/s");
+    expect(phaseOf({ ...batch, status: "paused" })).toBe("paused");
+  });
+});
