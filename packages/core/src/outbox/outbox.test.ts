@@ -158,6 +158,17 @@ describe("writing to the outbox", () => {
   });
 });
 
+/** Waits until no other session holds a lock on an outbox row (a killed relay's backend is gone). */
+async function untilRowsUnlocked() {
+  for (let i = 0; i < 500; i++) {
+    const [row] = await pg.sql<{ locked: number }[]>`
+      select (select count(*)::int from core.outbox) - (select count(*)::int from (select id from core.outbox for update skip locked) free) as locked`;
+    if (row?.locked === 0) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error("an outbox row stayed locked: the killed relay's backend never went away");
+}
+
 describe("the outbox relay", () => {
   test("publishes committed rows once, with the envelope unchanged, and the consumer applies each once (#9 item 3)", async () => {
     const sent = [notification(1), notification(2), notification(3)];
@@ -192,6 +203,10 @@ describe("the outbox relay", () => {
     expect(publishedQueue).toBe(NOTIFY_QUEUE);
     expect(JSON.parse(body.join(" "))).toEqual(sent);
     expect(await outboxRows()).toEqual([expect.objectContaining({ published: false, attempts: 0 })]);
+
+    // The dead relay's backend holds the row's lock until the server sees its
+    // socket close; the next relay skips locked rows, so wait for that first.
+    await untilRowsUnlocked();
 
     const { queue, outcomes } = notifyQueue();
     // The copy the dead relay published is in the transport...
