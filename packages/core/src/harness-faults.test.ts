@@ -260,6 +260,40 @@ describe("the dead-letter decision is serialised with the work (#8 item 3)", () 
 });
 
 describe("every handler run is bounded in time (#8 item 12)", () => {
+  test("a delivery whose ordering lock is held elsewhere past timeoutMs is deferred, no attempt spent, and its connection destroyed; the redelivery runs once the lock is free", async () => {
+    let runs = 0;
+    const definition = consumer(
+      async (data, { tx, envelope }) => {
+        runs += 1;
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      },
+      { timeoutMs: 400, orderingKey: () => "customer-1" },
+    );
+    const c = bindConsumer(definition, { db: pool(1), logger: silentLogger });
+    const e = job(12);
+    const holder = await pg.sql.reserve();
+    try {
+      // Another session holds the job's ordering key (same key space as the harness's xact lock).
+      await holder`select pg_advisory_lock(hashtextextended(${`${definition.name}|customer-1`}, 0))`;
+      const first = await c.deliver({ body: body(e), deliveryCount: 1 });
+      expect(first).toMatchObject({
+        outcome: "deferred",
+        ack: false,
+        spendsAttempt: false,
+        error: expect.stringMatching(/did not answer within 400 ms/),
+      });
+      expect(runs).toBe(0);
+      await holder`select pg_advisory_unlock_all()`;
+    } finally {
+      holder.release();
+    }
+    // The pool of one got a fresh connection: the destroyed one is not reused.
+    const again = await c.deliver({ body: body(e), deliveryCount: 1 });
+    expect(again).toMatchObject({ outcome: "success" });
+    expect(runs).toBe(1);
+    expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+  });
+
   test.each([
     ["stuck in pg_sleep", "sleep"],
     ["stuck in a promise that never resolves", "hang"],

@@ -393,17 +393,27 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
       let letter: string | undefined;
       try {
         const timeout = serverTimeout(timeoutMs);
-        const settled = await send(conn, [
-          ["begin", []],
-          ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
-          [FENCE_SQL, [target.jobId, target.consumer, timeout]],
-        ]);
+        // Bounded like the handler: a lock held elsewhere (the ordering key,
+        // the fence key of a copy still running) or a wedged connection must
+        // not hold the delivery forever. Past the bound the connection's state
+        // is unknown (a statement may still be waiting on the server), so it
+        // is destroyed; the delivery is deferred, no attempt spent.
+        const settled = await startedWithin(
+          send(conn, [
+            ["begin", []],
+            ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
+            [FENCE_SQL, [target.jobId, target.consumer, timeout]],
+          ]),
+          timeoutMs,
+          conn,
+        );
         for (const s of settled) if (s.status === "rejected") throw s.reason;
         const fenced = settled[settled.length - 1];
         if (fenced?.status !== "fulfilled") throw new Error("the fence insert did not answer");
         inserted = fenced.value.length > 0;
         letter = (fenced.value[0] as { detail?: string | null } | undefined)?.detail ?? undefined;
       } catch (error) {
+        if (error instanceof StartTimeoutError) state = "destroy"; // already destroyed: nothing to roll back
         throw new WorkNotStartedError(error);
       }
       // A pending letter: nothing runs, the fence (if written) is rolled back.
@@ -494,6 +504,36 @@ async function reserveWithin(client: PgClient, ms: number): Promise<ReservedClie
   } catch (error) {
     if (gaveUp) reserving.then((late) => late.release(), noop);
     throw new WorkNotStartedError(error);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** BEGIN, lock and fence did not all answer in time; the connection was destroyed. */
+class StartTimeoutError extends Error {
+  constructor(ms: number) {
+    super(`BEGIN, the ordering lock and the fence did not answer within ${ms} ms`);
+    this.name = "StartTimeoutError";
+  }
+}
+
+/**
+ * The answers to BEGIN, lock and fence within `ms`; else the connection is
+ * destroyed at once (whatever is still waiting on it fails) and this throws
+ * (the caller reports WorkNotStartedError).
+ */
+async function startedWithin<T>(statements: Promise<T>, ms: number, conn: ReservedClient): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      statements,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => {
+          destroy(conn);
+          reject(new StartTimeoutError(ms));
+        }, ms);
+      }),
+    ]);
   } finally {
     clearTimeout(timer);
   }
