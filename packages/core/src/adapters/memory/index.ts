@@ -528,7 +528,13 @@ class InMemoryQueue implements MemoryQueue {
     };
     for (const s of this.#lanes()) {
       for (const m of s.messages) if (!m.inFlight) consider(m.visibleAt);
-      for (const lease of s.leases) consider(lease.expiresAt);
+      // A lease that expired since the last pump (time passes between the
+      // pump's reading of the clock and this one) is due now: were it left
+      // out, no timer would reap it and drain() would wait forever.
+      for (const lease of s.leases) {
+        const at = Math.max(lease.expiresAt, now);
+        if (next === undefined || at < next) next = at;
+      }
     }
     // A message visible now but not started waits for a slot, which frees at a lease's expiry (counted above).
     return next;
@@ -544,8 +550,8 @@ class InMemoryQueue implements MemoryQueue {
     const next = this.#nextWakeAt();
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = undefined;
-    if (next !== undefined && next > this.#clock.now()) {
-      this.#timer = setTimeout(() => this.#pumpAll(), next - this.#clock.now());
+    if (next !== undefined) {
+      this.#timer = setTimeout(() => this.#pumpAll(), Math.max(0, next - this.#clock.now()));
       this.#timer.unref();
     }
   }

@@ -247,6 +247,22 @@ describe("memory queue", () => {
     await queue.close();
   });
 
+  test("a lease that expires between the pump's reading of the clock and the next one is still reaped: drain() returns", async () => {
+    // A clock that moves on at every reading, as a loaded machine's does
+    // between two reads: the lease (40 ms) has expired by the time the queue
+    // asks when to wake up next, and it must still be woken.
+    let t = 1_000_000;
+    const ticking = { now: () => (t += 30) };
+    const queue = createMemoryQueue({ clock: ticking, visibilityTimeoutMs: 40, concurrency: 1 });
+    const { consumer, seen } = scripted("q", (_d, n) => (n === 1 ? new Promise<DeliveryResult>(() => {}) : ack));
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(seen.map((d) => d.deliveryCount)).toEqual([1, 2]);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  }, 10_000);
+
   test("close() returns after closeTimeoutMs while a delivery never settles (#8 item 12)", async () => {
     const queue = createMemoryQueue({ clock: createManualClock(), closeTimeoutMs: 30 });
     let started!: () => void;
