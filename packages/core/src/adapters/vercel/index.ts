@@ -1342,23 +1342,17 @@ class VercelQueueAdapter implements VercelQueue {
     }
 
     let result: DeliveryResult;
+    let thrownResult: { outcome: "thrown"; error: string } | undefined;
     try {
       result = await consumer.deliver(delivery);
     } catch (thrown) {
-      const error = describeError(thrown);
-      return {
-        action: await this.#unacknowledged(
-          lane,
-          message,
-          expiresAt,
-          { ...carried, attemptsSpent: deliveryCount },
-          body,
-        ),
-        event: { ...event, result: { outcome: "thrown", error } },
-      };
+      thrownResult = { outcome: "thrown", error: describeError(thrown) };
+      result = { outcome: "dead_letter_failed", ack: false, error: thrownResult.error };
     }
     if (result.ack) return { action: { kind: "ack" }, event: { ...event, result } };
-    if (result.outcome === "dead_letter_failed") {
+    // A delivery that threw, or whose dead letter could not be written: not
+    // acknowledged, and kept alive past the service's cap or expiry.
+    if (thrownResult !== undefined || result.outcome === "dead_letter_failed") {
       return {
         action: await this.#unacknowledged(
           lane,
@@ -1367,7 +1361,7 @@ class VercelQueueAdapter implements VercelQueue {
           { ...carried, attemptsSpent: deliveryCount },
           body,
         ),
-        event: { ...event, result },
+        event: { ...event, result: thrownResult ?? result },
       };
     }
 
