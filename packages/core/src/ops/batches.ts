@@ -160,8 +160,12 @@ export class ReplayBatches {
       const filter = { ...parsed.filter, status: undefined };
       // The threshold counts what this requester replayed without approval
       // over the window too: splitting a selection (`limit`) does not avoid it.
-      const recent = await this.#ops.replayedWithoutApproval(parsed.operator);
       await this.#db.transaction(async (tx) => {
+        // Counted under the requester's quota lock (see lockReplayQuota): two
+        // batches created at once, or a batch and a direct replay, cannot
+        // both pass the threshold by counting before the other commits.
+        await this.#ops.lockReplayQuota(tx, parsed.operator);
+        const recent = await this.#ops.replayedWithoutApproval(parsed.operator, tx);
         const letters = await tx
           .select({ id: deadLetters.id })
           .from(deadLetters)

@@ -433,20 +433,12 @@ export class DeadLetterOperations {
         );
       }
       const results: ActionReport["results"][number][] = [];
-      let replayed = 0;
       for (const id of idList) {
-        // Counted again as it goes: two direct replays of one operator at the
-        // same time cannot both pass the threshold by the same margin.
-        if (replayed > 0 && (await this.replayedWithoutApproval(operator)) >= this.approvalThreshold) {
-          results.push({
-            id,
-            outcome: "needs_approval",
-            detail: `${operator} reached the approval threshold of ${this.approvalThreshold} meanwhile: replay it in an approved batch`,
-          });
-          continue;
-        }
+        // Counted again for each letter, under the requester's quota lock and
+        // in the transaction that claims it: of two direct replays of one
+        // operator at the same time, neither can pass the threshold by
+        // counting before the other's claims commit.
         const { outcome, detail } = await this.replayOne(id, { operator, reason, batchId: null });
-        if (outcome === "replayed") replayed += 1;
         results.push({ id, outcome, ...(detail ? { detail } : {}) });
       }
       return summarize(results);
@@ -460,9 +452,9 @@ export class DeadLetterOperations {
    * batch replayed; what one still to run selected). Index scans
    * (dead_letters_direct_replays_idx, replay_batches_requester_idx).
    */
-  async replayedWithoutApproval(operator: string): Promise<number> {
+  async replayedWithoutApproval(operator: string, db: Pick<AnyPgDatabase, "execute"> = this.db): Promise<number> {
     const since = new Date(this.clock.now() - this.approvalWindowMs).toISOString();
-    const result = await this.db.execute(sql`
+    const result = await db.execute(sql`
       select (select count(*)::int from core.dead_letters
               where status = 'replayed' and replay_batch_id is null
                 and status_changed_by = ${operator} and status_changed_at >= ${since}::timestamptz)
@@ -471,6 +463,18 @@ export class DeadLetterOperations {
               where requested_by = ${operator} and created_at >= ${since}::timestamptz
                 and approved_by is null and status <> 'awaiting_approval') as n`);
     return rowsOf<{ n: number }>(result)[0]?.n ?? 0;
+  }
+
+  /**
+   * Serialises, until `tx` ends, everything that counts against one
+   * requester's approval threshold (direct replays, batch creation): a count
+   * taken after this lock sees every earlier claim of that requester
+   * committed, so two sessions cannot both pass the threshold by counting at
+   * once. A two-key advisory lock: its key space is apart from the harness's
+   * ordering locks (one bigint key).
+   */
+  async lockReplayQuota(tx: Pick<AnyPgDatabase, "execute">, operator: string): Promise<void> {
+    await tx.execute(sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.replay-quota'), hashtext(${operator}))`);
   }
 
   /**
@@ -522,6 +526,12 @@ export class DeadLetterOperations {
     try {
       return await this.db
         .transaction(async (tx) => {
+          if (input.batchId === null) {
+            // A direct replay: the two-person rule, checked where it cannot race.
+            await this.lockReplayQuota(tx, input.operator);
+            const recent = await this.replayedWithoutApproval(input.operator, tx);
+            if (recent >= this.approvalThreshold) return { outcome: "needs_approval" as const, recent };
+          }
           const [claimed] = await tx
             .update(deadLetters)
             .set({
@@ -545,6 +555,12 @@ export class DeadLetterOperations {
           return { outcome: "replayed" as const };
         })
         .then(async (result) => {
+          if (result.outcome === "needs_approval") {
+            return {
+              outcome: "needs_approval" as const,
+              detail: `${input.operator} replayed ${result.recent} letters without a second operator's approval in the last ${formatWindow(this.approvalWindowMs)}, the approval threshold of ${this.approvalThreshold}: replay it in an approved batch`,
+            };
+          }
           if (result.outcome !== "lost") return result;
           // Lost the race: say who won, so a batch runner counts a letter its own
           // batch replayed (an earlier runner) as replayed, not skipped.

@@ -325,20 +325,89 @@ describe("the two-person rule counts what one requester replays (#10 item 4)", (
 });
 
 describe("the two-person rule under concurrent direct replays (#10 item 4)", () => {
-  test("two direct replays of one operator at once cannot both pass the threshold by their whole size", async () => {
-    const ids = await makeDeadLetters(Array.from({ length: 8 }, (_, i) => award(`conc-${i}`)));
+  /**
+   * Two sessions of one operator, forced into lockstep: each one's k-th
+   * publish waits until the other has started its k-th publish too, is
+   * blocked on a quota lock, or is done. Counting before claiming would let
+   * both pass the threshold by counting at once; here the interleaving that
+   * exposes it always happens.
+   */
+  async function inLockstep<T>(run: (a: Ops, b: Ops) => [Promise<T>, Promise<T>]): Promise<[T, T]> {
+    const state = { started: [0, 0], done: [false, false] };
+    const blockedOnQuota = async () => {
+      const [row] = await pg.sql<{ n: number }[]>`
+        select count(*)::int as n from pg_locks
+        where locktype = 'advisory' and objsubid = 2 and not granted
+          and database = (select oid from pg_database where datname = current_database())`;
+      return (row?.n ?? 0) > 0;
+    };
+    const lane = (me: 0 | 1): ReplayTransport => {
+      const base = inProcessReplay(queue);
+      const other = 1 - me;
+      return {
+        route: (q, c) => base.route(q, c),
+        async publishReplay(q, c, body) {
+          const k = (state.started[me] = (state.started[me] ?? 0) + 1);
+          while (!((state.started[other] ?? 0) >= k || state.done[other] || (await blockedOnQuota()))) {
+            await new Promise((resolve) => setTimeout(resolve, 5));
+          }
+          return base.publishReplay(q, c, body);
+        },
+      };
+    };
+    const a = createOps({ db: pg.db, replay: lane(0), approvalThreshold: 5 });
+    const b = createOps({ db: pg.connect({ max: 2 }).db, replay: lane(1), approvalThreshold: 5 });
+    const [pa, pb] = run(a, b);
+    const settle = (p: Promise<T>, i: 0 | 1) =>
+      p.finally(() => {
+        state.done[i] = true;
+      });
+    return Promise.all([settle(pa, 0), settle(pb, 1)]);
+  }
+
+  test("two direct replays of one operator at once never pass the threshold together", async () => {
+    const ids = await makeDeadLetters(Array.from({ length: 6 }, (_, i) => award(`conc-${i}`)));
+    broken.clear();
+    // 3 + 3 against a threshold of 5: each call passes its own up-front check.
+    const [a, b] = await inLockstep((x, y) => [
+      x.deadLetters.replay(ids.slice(0, 3), { operator: "ana", reason: "x" }),
+      y.deadLetters.replay(ids.slice(3, 6), { operator: "ana", reason: "y" }),
+    ]);
+    expect((a.counts.replayed ?? 0) + (b.counts.replayed ?? 0)).toBe(5);
+    expect((a.counts.needs_approval ?? 0) + (b.counts.needs_approval ?? 0)).toBe(1);
+    const [row] = await pg.sql<{ n: number }[]>`
+      select count(*)::int as n from core.dead_letters where status = 'replayed'`;
+    expect(row?.n).toBe(5);
+    expect([...a.results, ...b.results].find((r) => r.outcome === "needs_approval")?.detail).toMatch(
+      /ana replayed 5 letters without a second operator's approval .* threshold of 5/,
+    );
+  });
+
+  test("two batches of one operator created at once: the second counts the first (approval threshold)", async () => {
+    await makeDeadLetters(Array.from({ length: 6 }, (_, i) => award(`bc-${i}`)));
     broken.clear();
     const other = createOps({ db: pg.connect({ max: 2 }).db, queue, approvalThreshold: 5 });
-    const [a, b] = await Promise.all([
-      ops.deadLetters.replay(ids.slice(0, 4), { operator: "ana", reason: "x" }),
-      other.deadLetters.replay(ids.slice(4, 8), { operator: "ana", reason: "y" }),
-    ]);
-    const replayed = (a.counts.replayed ?? 0) + (b.counts.replayed ?? 0);
-    // Each call counts again before each letter: at most one letter slips past
-    // the threshold while the other call's letter is being replayed.
-    expect(replayed).toBeGreaterThanOrEqual(5);
-    expect(replayed).toBeLessThanOrEqual(6);
-    expect((a.counts.needs_approval ?? 0) + (b.counts.needs_approval ?? 0)).toBe(8 - replayed);
+    const solo = createOps({ db: pg.db, queue, approvalThreshold: 5 });
+    let creations: Promise<Awaited<ReturnType<Ops["batches"]["create"]>>[]> | undefined;
+    // Both creations run while their inserts are held back by a table lock, so
+    // both have counted before either commits, unless counting is serialised.
+    await pg.sql.begin(async (tx) => {
+      await tx`lock table core.replay_batches in share mode`;
+      // Each selects 3 letters (under the threshold of 5 alone); together 6 pass it.
+      creations = Promise.all([
+        solo.batches.create({ operator: "ana", reason: "x", ratePerSecond: 100, limit: 3 }),
+        other.batches.create({ operator: "ana", reason: "y", ratePerSecond: 100, limit: 3 }),
+      ]);
+      for (;;) {
+        const [row] = await tx<{ n: number }[]>`
+          select count(*)::int as n from pg_locks
+          where not granted and database = (select oid from pg_database where datname = current_database())`;
+        if ((row?.n ?? 0) >= 2) break;
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    });
+    const [x, y] = await (creations as NonNullable<typeof creations>);
+    expect([x?.status, y?.status].sort()).toEqual(["awaiting_approval", "ready"]);
   });
 });
 
