@@ -333,6 +333,12 @@ class InMemoryQueue implements MemoryQueue {
     try {
       for (;;) {
         await this.#idle();
+        // Deliveries settle in microtasks: one that settled just before the
+        // wait may pump (start the next delivery) only after the wait ended.
+        // Were `next` taken then, it would be that delivery's lease expiry,
+        // and drain() would sleep the whole visibility timeout (or, on a
+        // manual clock, jump there and abandon a delivery still running).
+        if (this.#busy()) continue;
         const next = this.#nextWakeAt();
         if (next === undefined || this.#closed) return;
         const clock = this.#clock as Clock & { advanceTo?: (t: number) => void };
@@ -526,17 +532,25 @@ class InMemoryQueue implements MemoryQueue {
     const consider = (t: number) => {
       if (t > now && (next === undefined || t < next)) next = t;
     };
+    const due = (t: number) => {
+      if (next === undefined || t < next) next = t;
+    };
     for (const s of this.#lanes()) {
-      for (const m of s.messages) if (!m.inFlight) consider(m.visibleAt);
-      // A lease that expired since the last pump (time passes between the
-      // pump's reading of the clock and this one) is due now: were it left
-      // out, no timer would reap it and drain() would wait forever.
-      for (const lease of s.leases) {
-        const at = Math.max(lease.expiresAt, now);
-        if (next === undefined || at < next) next = at;
+      // Time passes between the pump's reading of the clock and this one (a
+      // loaded machine can pause between the two): a message that came due
+      // meanwhile, with a slot free to take it, is due now, and a lease that
+      // expired meanwhile is reaped now. Were either left out, no timer would
+      // start it and drain() would wait forever.
+      const startable = s.leases.size < s.concurrency && !(s.live && this.#waiting(s.live, now));
+      for (const m of s.messages) {
+        if (m.inFlight) continue;
+        if (m.visibleAt > now) consider(m.visibleAt);
+        else if (startable) due(now);
       }
+      for (const lease of s.leases) due(Math.max(lease.expiresAt, now));
     }
-    // A message visible now but not started waits for a slot, which frees at a lease's expiry (counted above).
+    // A message visible now without a free slot waits for one: it frees when a
+    // delivery settles (which pumps) or at a lease's expiry (counted above).
     return next;
   }
 

@@ -263,6 +263,51 @@ describe("memory queue", () => {
     await queue.close();
   }, 10_000);
 
+  test("a retry that comes due between the pump's reading of the clock and the next one is still delivered: drain() returns", async () => {
+    // The retry (20 ms) is not yet due when the pump reads the clock, and due
+    // by the next reading (a loaded machine's pause between two reads). Seen
+    // as a 60 s hang of a 5 ms retry in the loyalty example's tests.
+    let t = 1_000_000;
+    const ticking = { now: () => (t += 15) };
+    const queue = createMemoryQueue({ clock: ticking, concurrency: 1 });
+    const { consumer, seen } = scripted("q", (_d, n) =>
+      n === 1 ? { outcome: "retry", ack: false, retryAfterMs: 20, spendsAttempt: true, error: "e" } : ack,
+    );
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.drain();
+    expect(seen.map((d) => d.deliveryCount)).toEqual([1, 2]);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  }, 10_000);
+
+  test("however far the clock moves between two readings, a retry is delivered and drain() returns", async () => {
+    // Every pairing of clock step and retry delay: some retry comes due
+    // exactly between the pump's reading and the next one, where no timer
+    // would start it.
+    const runs: Promise<number[]>[] = [];
+    for (let step = 1; step <= 40; step += 3) {
+      for (let retryAfterMs = 1; retryAfterMs <= 60; retryAfterMs += 4) {
+        let t = 1_000_000;
+        const queue = createMemoryQueue({ clock: { now: () => (t += step) }, concurrency: 1 });
+        const { consumer, seen } = scripted("q", (_d, n) =>
+          n === 1 ? { outcome: "retry", ack: false, retryAfterMs, spendsAttempt: true, error: "e" } : ack,
+        );
+        queue.subscribe(consumer);
+        runs.push(
+          (async () => {
+            await queue.publish("q", job());
+            await queue.drain();
+            await queue.close();
+            return seen.map((d) => d.deliveryCount);
+          })(),
+        );
+      }
+    }
+    const counts = await Promise.all(runs);
+    expect(counts).toEqual(counts.map(() => [1, 2]));
+  }, 20_000);
+
   test("close() returns after closeTimeoutMs while a delivery never settles (#8 item 12)", async () => {
     const queue = createMemoryQueue({ clock: createManualClock(), closeTimeoutMs: 30 });
     let started!: () => void;
