@@ -27,7 +27,7 @@
  *   never commits a fence: the dead-letter decision holds the fence key while
  *   it writes the letter (`decideDeadLetter`), and the fence insert itself
  *   looks for a pending letter once it is done waiting (FENCE_SQL,
- *   `core.fence_opened`).
+ *   `core.pending_letter`; the Drizzle path: `core.fence_opened`).
  */
 import { is, sql } from "drizzle-orm";
 import type { PgDialect } from "drizzle-orm/pg-core";
@@ -107,25 +107,33 @@ export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOp
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
 /**
  * The fence. For a new row (RETURNING runs only for an inserted one),
- * `core.fence_opened` (migration 0011) also:
- * - sets the server-side bounds for the rest of the transaction: a statement
- *   that runs too long, and a transaction left idle by a frozen client, which
- *   would otherwise hold the fence key, and every redelivery waiting on it,
- *   forever;
- * - returns the job's pending dead letter ("<id> <class>"), else NULL: a
- *   pending letter — written before, or by a dead-letter decision that held
- *   the fence key while this insert waited for it — means the handler must
- *   not run (its outside effects would happen for a job waiting for review)
- *   and nothing may commit: never a fence beside a pending letter. The
- *   function is VOLATILE, so its query takes a fresh snapshot after the
- *   insert is done waiting and sees a letter committed meanwhile (the
- *   insert's own snapshot would not); FOR SHARE waits for a replay that is
- *   changing the letter's status right now and reads what it committed.
+ * `core.pending_letter` (migration 0012) returns the job's pending dead letter
+ * ("<id> <class>"), else NULL: a pending letter — written before, or by a
+ * dead-letter decision that held the fence key while this insert waited for
+ * it — means the handler must not run (its outside effects would happen for a
+ * job waiting for review) and nothing may commit: never a fence beside a
+ * pending letter. The function is VOLATILE, so its query takes a fresh
+ * snapshot after the insert is done waiting and sees a letter committed
+ * meanwhile (the insert's own snapshot would not); FOR SHARE waits for a
+ * replay that is changing the letter's status right now and reads what it
+ * committed.
  * One row: new. A conflict (no row) is a duplicate: the job's fence committed,
  * so it has no pending letter.
  */
 const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer) values ($1, $2) on conflict do nothing
-  returning core.fence_opened($1, $2, $3) as detail`;
+  returning core.pending_letter($1, $2) as detail`;
+
+/**
+ * BEGIN with the server-side bounds of the rest of the transaction: a
+ * statement that runs too long, and a transaction left idle by a frozen
+ * client, which would otherwise hold the fence key, and every redelivery
+ * waiting on it, forever. One simple-protocol message (postgres.js sends a
+ * query without parameters that way), so the bounds cost no planning and no
+ * round trip; `timeout` comes from serverTimeout() (digits and "ms" only).
+ */
+function beginSql(timeout: string): string {
+  return `begin; set local statement_timeout = '${timeout}'; set local idle_in_transaction_session_timeout = '${timeout}'`;
+}
 
 /** The outcome of a pending letter found with the fence (detail "<id> <class>"). */
 function letterOutcome(detail: string): WorkOutcome {
@@ -150,7 +158,10 @@ export class WorkTransactionOverError extends Error {
  * bound is the backstop for a client that is frozen or cut off.
  */
 function serverTimeout(timeoutMs: number): string {
-  return `${Math.ceil(timeoutMs) + SERVER_GRACE_MS}ms`;
+  const ms = Math.ceil(timeoutMs) + SERVER_GRACE_MS;
+  // Spliced into beginSql's text: never anything but an integer.
+  if (!Number.isSafeInteger(ms) || ms <= 0) throw new RangeError(`timeoutMs must be a positive number, got ${timeoutMs}`);
+  return `${ms}ms`;
 }
 const SERVER_GRACE_MS = 1_000;
 
@@ -400,9 +411,9 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
         // is destroyed; the delivery is deferred, no attempt spent.
         const settled = await startedWithin(
           send(conn, [
-            ["begin", []],
+            [beginSql(timeout)],
             ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
-            [FENCE_SQL, [target.jobId, target.consumer, timeout]],
+            [FENCE_SQL, [target.jobId, target.consumer]],
           ]),
           timeoutMs,
           conn,
