@@ -333,6 +333,8 @@ class InMemoryQueue implements MemoryQueue {
     try {
       for (;;) {
         await this.#idle();
+        // Closed: nothing is delivered any more, so nothing would wake us again.
+        if (this.#closed) return;
         // Deliveries settle in microtasks: one that settled just before the
         // wait may pump (start the next delivery) only after the wait ended.
         // Were `next` taken then, it would be that delivery's lease expiry,
@@ -340,7 +342,7 @@ class InMemoryQueue implements MemoryQueue {
         // manual clock, jump there and abandon a delivery still running).
         if (this.#busy()) continue;
         const next = this.#nextWakeAt();
-        if (next === undefined || this.#closed) return;
+        if (next === undefined) return;
         const clock = this.#clock as Clock & { advanceTo?: (t: number) => void };
         if (typeof clock.advanceTo === "function") {
           clock.advanceTo(next);
@@ -573,13 +575,15 @@ class InMemoryQueue implements MemoryQueue {
   /**
    * A delivery in flight that is not stuck, or a visible message that a free
    * concurrency slot could take now (slots held by stuck deliveries free at
-   * their visibility timeout).
+   * their visibility timeout; a replay waits while live messages wait).
    */
   #busy(): boolean {
     for (const lease of this.#inFlight) if (!lease.stuck) return true;
     const now = this.#clock.now();
     for (const s of this.#lanes()) {
       if (s.leases.size >= s.concurrency) continue;
+      // A replay lane yielding to live messages that wait for a slot cannot start anything now.
+      if (s.live && this.#waiting(s.live, now)) continue;
       if (s.messages.some((m) => !m.inFlight && m.visibleAt <= now)) return true;
     }
     return false;

@@ -247,6 +247,46 @@ describe("memory queue", () => {
     await queue.close();
   });
 
+  test("drain() returns when the queue is closed while messages still wait for a slot", async () => {
+    const queue = createMemoryQueue({ concurrency: 1 });
+    let release!: () => void;
+    const running = new Promise<DeliveryResult>((resolve) => {
+      release = () => resolve(ack);
+    });
+    const { consumer, seen } = scripted("q", () => running);
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.publish("q", job());
+    const drained = queue.drain();
+    const closed = queue.close();
+    release();
+    await closed;
+    await drained;
+    // The second message was never delivered: it stays, as on a real transport.
+    expect(seen).toHaveLength(1);
+    expect(queue.pending()).toBe(1);
+  }, 10_000);
+
+  test("a replay yielding to live messages while every live slot is held by a stuck delivery does not hold drain() (manual clock)", async () => {
+    const clock = createManualClock(0);
+    const queue = createMemoryQueue({ clock, concurrency: 1, visibilityTimeoutMs: 45_000, stuckAfterMs: 20 });
+    const { consumer, seen } = scripted("q", (_d, n) => (n === 1 ? new Promise<DeliveryResult>(() => {}) : ack));
+    queue.subscribe(consumer);
+    await queue.publish("q", job());
+    await queue.publish("q", job());
+    await queue.publishReplay("q", JSON.stringify(job()), { targetConsumer: "c" });
+    await queue.drain();
+    // The stuck delivery was abandoned at its visibility timeout; then everything ran.
+    expect(seen.map((d) => [d.deliveryCount, d.replay === true]).sort()).toEqual([
+      [1, false],
+      [1, false],
+      [1, true],
+      [2, false],
+    ]);
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  }, 10_000);
+
   test("a lease that expires between the pump's reading of the clock and the next one is still reaped: drain() returns", async () => {
     // A clock that moves on at every reading, as a loaded machine's does
     // between two reads: the lease (40 ms) has expired by the time the queue
