@@ -160,7 +160,8 @@ export class WorkTransactionOverError extends Error {
 function serverTimeout(timeoutMs: number): string {
   const ms = Math.ceil(timeoutMs) + SERVER_GRACE_MS;
   // Spliced into beginSql's text: never anything but an integer.
-  if (!Number.isSafeInteger(ms) || ms <= 0) throw new RangeError(`timeoutMs must be a positive number, got ${timeoutMs}`);
+  if (!Number.isSafeInteger(ms) || ms <= 0)
+    throw new RangeError(`timeoutMs must be a positive number, got ${timeoutMs}`);
   return `${ms}ms`;
 }
 const SERVER_GRACE_MS = 1_000;

@@ -347,7 +347,8 @@ describe("the two-person rule under concurrent direct replays (#10 item 4)", () 
       return {
         route: (q, c) => base.route(q, c),
         async publishReplay(q, c, body) {
-          const k = (state.started[me] = (state.started[me] ?? 0) + 1);
+          const k = (state.started[me] ?? 0) + 1;
+          state.started[me] = k;
           while (!((state.started[other] ?? 0) >= k || state.done[other] || (await blockedOnQuota()))) {
             await new Promise((resolve) => setTimeout(resolve, 5));
           }
