@@ -14,9 +14,7 @@
  * each variant's jobs/s and its ratio to `none`.
  */
 import { randomUUID } from "node:crypto";
-import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "@softcrum/testing/postgres";
-import postgres from "postgres";
-import { migrateCore } from "../src/db/migrate.ts";
+import { benchDatabase } from "./bench-database.ts";
 
 const JOBS = Number(process.env["BENCH_JOBS"] ?? 24_000);
 const CONCURRENCY = 16;
@@ -31,15 +29,9 @@ const RETURNING = {
 } as const;
 type Variant = keyof typeof RETURNING;
 
-const server = await findPostgres();
-const database = uniqueDatabaseName("softcrum_bench", "fence_check");
-await withAdmin(server.adminUrl, (sql) => sql`create database ${sql(database)}`);
-const url = withDatabase(server.adminUrl, database);
-const sql = postgres(url, { max: CONCURRENCY, onnotice: () => {} });
+const bench = await benchDatabase("fence_check", CONCURRENCY);
+const { sql } = bench;
 try {
-  await migrateCore(url);
-  await sql`create table bench_ledger (id bigserial primary key, job_id uuid not null, amount integer not null)`;
-
   const job = (variant: Variant) => async () => {
     const id = randomUUID();
     const conn = await sql.reserve();
@@ -83,6 +75,5 @@ try {
     ),
   );
 } finally {
-  await sql.end();
-  await withAdmin(server.adminUrl, (admin) => admin`drop database if exists ${admin(database)} with (force)`);
+  await bench.drop();
 }

@@ -13,12 +13,10 @@
  * (bench/soak.bench.ts, SOAK_JOBS jobs in a process of its own).
  * The last line printed is JSON (see README).
  */
-import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "@softcrum/testing/postgres";
 import { integer, pgTable, uuid } from "drizzle-orm/pg-core";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { z } from "zod";
-import { migrateCore } from "../src/db/migrate.ts";
 import {
   bindConsumer,
   createEnvelope,
@@ -28,6 +26,7 @@ import {
   type WorkTransaction,
 } from "../src/index.ts";
 import { createFenceCleanup } from "../src/maintenance/fence-cleanup.ts";
+import { benchDatabase } from "./bench-database.ts";
 import { replayBenchmarks } from "./replay.bench.ts";
 import { runSoak } from "./soak-child.ts";
 
@@ -67,14 +66,9 @@ async function timed<T>(items: readonly T[], work: (item: T) => Promise<unknown>
   return performance.now() - started;
 }
 
-const server = await findPostgres();
-const database = uniqueDatabaseName("softcrum_bench", "harness");
-await withAdmin(server.adminUrl, (sql) => sql`create database ${sql(database)}`);
-const url = withDatabase(server.adminUrl, database);
-const sql = postgres(url, { max: CONCURRENCY, onnotice: () => {} });
+const bench = await benchDatabase("harness", CONCURRENCY);
+const { server, url, sql } = bench;
 try {
-  await migrateCore(url);
-  await sql`create table bench_ledger (id bigserial primary key, job_id uuid not null, amount integer not null)`;
   const db = drizzle({ client: sql });
 
   const consumer = defineConsumer({
@@ -217,7 +211,5 @@ try {
   );
   console.log(JSON.stringify(result));
 } finally {
-  await sql.end({ timeout: 5 });
-  await withAdmin(server.adminUrl, (admin) => admin`drop database if exists ${admin(database)} with (force)`);
-  await server.stop();
+  await bench.drop();
 }
