@@ -287,39 +287,38 @@ describe("memory queue", () => {
     await queue.close();
   }, 10_000);
 
-  test("a lease that expires between the pump's reading of the clock and the next one is still reaped: drain() returns", async () => {
-    // A clock that moves on at every reading, as a loaded machine's does
-    // between two reads: the lease (40 ms) has expired by the time the queue
-    // asks when to wake up next, and it must still be woken.
-    let t = 1_000_000;
-    const ticking = { now: () => (t += 30) };
-    const queue = createMemoryQueue({ clock: ticking, visibilityTimeoutMs: 40, concurrency: 1 });
-    const { consumer, seen } = scripted("q", (_d, n) => (n === 1 ? new Promise<DeliveryResult>(() => {}) : ack));
-    queue.subscribe(consumer);
-    await queue.publish("q", job());
-    await queue.drain();
-    expect(seen.map((d) => d.deliveryCount)).toEqual([1, 2]);
-    expect(queue.pending()).toBe(0);
-    await queue.close();
-  }, 10_000);
-
-  test("a retry that comes due between the pump's reading of the clock and the next one is still delivered: drain() returns", async () => {
-    // The retry (20 ms) is not yet due when the pump reads the clock, and due
-    // by the next reading (a loaded machine's pause between two reads). Seen
-    // as a 60 s hang of a 5 ms retry in the loyalty example's tests.
-    let t = 1_000_000;
-    const ticking = { now: () => (t += 15) };
-    const queue = createMemoryQueue({ clock: ticking, concurrency: 1 });
-    const { consumer, seen } = scripted("q", (_d, n) =>
-      n === 1 ? { outcome: "retry", ack: false, retryAfterMs: 20, spendsAttempt: true, error: "e" } : ack,
-    );
-    queue.subscribe(consumer);
-    await queue.publish("q", job());
-    await queue.drain();
-    expect(seen.map((d) => d.deliveryCount)).toEqual([1, 2]);
-    expect(queue.pending()).toBe(0);
-    await queue.close();
-  }, 10_000);
+  // Clocks that move on at every reading, as a loaded machine's do between
+  // two reads: what was not due when the pump read the clock is due by the
+  // time the queue asks when to wake up next, and must still be woken.
+  const tickingClockCases = [
+    {
+      what: "a lease that expires between the pump's reading of the clock and the next one is still reaped",
+      step: 30,
+      options: { visibilityTimeoutMs: 40 },
+      answer: (n: number) => (n === 1 ? new Promise<DeliveryResult>(() => {}) : ack),
+    },
+    {
+      // Seen as a 60 s hang of a 5 ms retry in the loyalty example's tests.
+      what: "a retry that comes due between the pump's reading of the clock and the next one is still delivered",
+      step: 15,
+      options: {},
+      answer: (n: number): DeliveryResult =>
+        n === 1 ? { outcome: "retry", ack: false, retryAfterMs: 20, spendsAttempt: true, error: "e" } : ack,
+    },
+  ];
+  for (const { what, step, options, answer } of tickingClockCases) {
+    test(`${what}: drain() returns`, async () => {
+      let t = 1_000_000;
+      const queue = createMemoryQueue({ clock: { now: () => (t += step) }, concurrency: 1, ...options });
+      const { consumer, seen } = scripted("q", (_d, n) => answer(n));
+      queue.subscribe(consumer);
+      await queue.publish("q", job());
+      await queue.drain();
+      expect(seen.map((d) => d.deliveryCount)).toEqual([1, 2]);
+      expect(queue.pending()).toBe(0);
+      await queue.close();
+    }, 10_000);
+  }
 
   test("however far the clock moves between two readings, a retry is delivered and drain() returns", async () => {
     // Every pairing of clock step and retry delay: some retry comes due
