@@ -3,8 +3,10 @@
 -- FENCE_SQL): that path sets the transaction's server-side bounds in its BEGIN
 -- instead (`begin; set local ...`, one simple-protocol message, no planning),
 -- which costs the server nothing measurable where set_config() inside plpgsql
--- cost about 2% of the benchmark's raw rate (#8: ratio_raw). fence_opened stays
--- for the Drizzle path, which has no BEGIN of its own to add to.
+-- cost about 2% of the benchmark's raw rate (#8: ratio_raw). The Drizzle path
+-- calls set_config() itself before the ordering lock. fence_opened is no longer
+-- called; it stays so that workers of the previous release keep working while
+-- a deploy rolls out.
 -- VOLATILE, so in READ COMMITTED its query takes a fresh snapshot when it runs:
 -- after the fence insert finished waiting on a concurrent holder of the fence
 -- key (a dead-letter decision), it sees the letter that holder committed.

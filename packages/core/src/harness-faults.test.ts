@@ -294,6 +294,41 @@ describe("every handler run is bounded in time (#8 item 12)", () => {
     expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
   });
 
+  test("on node-postgres (the Drizzle-transaction path), a delivery whose ordering lock is held elsewhere is deferred once the server-side bound passes, no attempt spent", async () => {
+    const nodePool = new pgDriver.Pool({ connectionString: pg.url, max: 1 });
+    nodePool.on("error", () => {});
+    let runs = 0;
+    const definition = consumer(
+      async (data, { tx, envelope }) => {
+        runs += 1;
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      },
+      { timeoutMs: 300, orderingKey: () => "customer-2" },
+    );
+    const e = job(13);
+    const holder = await pg.sql.reserve();
+    try {
+      const c = bindConsumer(definition, { db: drizzleNodePg({ client: nodePool }), logger: silentLogger });
+      await holder`select pg_advisory_lock(hashtextextended(${`${definition.name}|customer-2`}, 0))`;
+      // Bounded by the transaction's statement_timeout (timeoutMs + 1 s), set before the lock.
+      const first = await c.deliver({ body: body(e), deliveryCount: 1 });
+      expect(first).toMatchObject({
+        outcome: "deferred",
+        ack: false,
+        spendsAttempt: false,
+        error: expect.stringMatching(/statement timeout/),
+      });
+      expect(runs).toBe(0);
+      await holder`select pg_advisory_unlock_all()`;
+      expect(await c.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "success" });
+      expect(runs).toBe(1);
+      expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    } finally {
+      holder.release();
+      await nodePool.end();
+    }
+  });
+
   test.each([
     ["stuck in pg_sleep", "sleep"],
     ["stuck in a promise that never resolves", "hang"],

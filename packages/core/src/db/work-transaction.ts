@@ -27,7 +27,7 @@
  *   never commits a fence: the dead-letter decision holds the fence key while
  *   it writes the letter (`decideDeadLetter`), and the fence insert itself
  *   looks for a pending letter once it is done waiting (FENCE_SQL,
- *   `core.pending_letter`; the Drizzle path: `core.fence_opened`).
+ *   `core.pending_letter`).
  */
 import { is, sql } from "drizzle-orm";
 import type { PgDialect } from "drizzle-orm/pg-core";
@@ -212,18 +212,25 @@ function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
     let outcome: WorkOutcome | undefined;
     try {
       return await db.transaction(async (tx) => {
+        // The server-side bounds first, so that they bound the waits for the
+        // ordering lock and the fence key too: this path has no client-side
+        // bound on its start (the pipelined one has), and a lock held
+        // elsewhere must defer the delivery, not hold it forever.
+        const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+        await tx.execute(
+          sql`select set_config('statement_timeout', ${timeout}, true), set_config('idle_in_transaction_session_timeout', ${timeout}, true)`,
+        );
         if (target.lockKey !== undefined) {
           await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(${target.lockKey}, 0))`);
         }
         // ON CONFLICT DO NOTHING waits on a concurrent insert of the same key
         // and then sees the conflict: two parallel deliveries give one effect.
-        const timeout = serverTimeout(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
         // The same fence statement as the pipelined path (FENCE_SQL), plus the
         // transaction id the COMMIT check below compares with.
         const [fence] = rowsOf<{ inserted: number; detail: string | null; xid: string }>(
           await tx.execute(sql`with fence as (
   insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing
-  returning core.fence_opened(${target.jobId}, ${target.consumer}, ${timeout}) as detail
+  returning core.pending_letter(${target.jobId}, ${target.consumer}) as detail
 )
 select (select count(*)::int from fence) as inserted, (select detail from fence) as detail, txid_current()::text as xid`),
         );
