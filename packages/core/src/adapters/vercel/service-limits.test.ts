@@ -1,20 +1,8 @@
-/**
- * No job may vanish inside Vercel Queues (#11): the service has no
- * dead-letter queue, drops a message at its delivery cap or its expiry, keeps
- * it in its region and deployment, and may refuse, throttle or lose a call.
- * Each test runs the real SDK and the adapter against the fake server
- * behaving that way, and shows the job is delivered, dead-lettered, or the
- * configuration that would lose it refused. Also #10 item 16 (push route trust).
- */
-import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, test } from "vitest";
-import { z } from "zod";
 import { chaosFaults } from "../../../test/fake-vercel-queues.ts";
-import { effects, silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
+import { silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
+import { award, pointsFixture, random } from "../../../test/points-fixture.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
-import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
-import { deadLetters } from "../../db/schema.ts";
-import { createEnvelope, type Envelope } from "../../envelope.ts";
 import { InvalidConfigError, InvalidEnvelopeError, RateLimitedError } from "../../errors.ts";
 import type { BoundConsumer } from "../../queue-port.ts";
 import { DEFAULT_RETRY_POLICY, retryDelayMs } from "../../retry.ts";
@@ -22,31 +10,7 @@ import { createVercelQueue, toVercelTopic, type VercelIncident, vercelTrigger } 
 
 const pg = useEffectsDatabase("vercel-limits");
 
-const schema = z.object({ customerId: z.string().min(1), points: z.number().int().positive() });
-const award = (points = 10, customerId = "c-1"): Envelope =>
-  createEnvelope({ tenantId: "tenant-a", kind: "points.award.v1", data: { customerId, points } });
-
-let seq = 0;
-/** A consumer crediting one effect row per job; `before` runs first in the work transaction (throw to fail). */
-function pointsConsumer(before: (ctx: HandlerContext) => Promise<void> | void = () => {}) {
-  seq += 1;
-  const name = `limits.award-${seq}`;
-  return defineConsumer({
-    name,
-    queue: `limits.points.q${seq}`,
-    kind: "points.award.v1",
-    schema,
-    async handle(data, ctx) {
-      await before(ctx);
-      await ctx.tx.insert(effects).values({ jobId: ctx.envelope.job_id, consumer: name, amount: data.points });
-    },
-  });
-}
-const random = () => 0.5;
-const bind = (consumer: ReturnType<typeof pointsConsumer>) =>
-  bindConsumer(consumer, { db: pg.db, logger: silentLogger, random });
-const effectRows = (consumer: string) => pg.db.select().from(effects).where(eq(effects.consumer, consumer));
-const letters = (consumer: string) => pg.db.select().from(deadLetters).where(eq(deadLetters.consumer, consumer));
+const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "limits");
 const backoff = (attempt: number) => Math.ceil(retryDelayMs(DEFAULT_RETRY_POLICY, attempt, random) / 1000);
 
 let harnesses: VercelHarness[] = [];

@@ -4,12 +4,11 @@ import { fileURLToPath } from "node:url";
 import { PollingQueueClient } from "@vercel/queue";
 import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, test } from "vitest";
-import { z } from "zod";
 import { effects, silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
+import { award, pointsFixture, pointsSchema, random } from "../../../test/points-fixture.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
-import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
-import { deadLetters, processedJobs } from "../../db/schema.ts";
-import { createEnvelope } from "../../envelope.ts";
+import { bindConsumer, defineConsumer } from "../../consumer.ts";
+import { processedJobs } from "../../db/schema.ts";
 import { InvalidConfigError, PermanentError, RateLimitedError } from "../../errors.ts";
 import { createOps } from "../../ops/index.ts";
 import type { BoundConsumer } from "../../queue-port.ts";
@@ -18,33 +17,7 @@ import { createVercelQueue, fromVercelTopic, readVercelWrapper, toVercelTopic } 
 
 const pg = useEffectsDatabase("vercel");
 
-const schema = z.object({ customerId: z.string().min(1), points: z.number().int().positive() });
-const award = (points = 10) =>
-  createEnvelope({ tenantId: "tenant-a", kind: "points.award.v1", data: { customerId: "c-1", points } });
-
-let seq = 0;
-/** A consumer crediting one effect row per job; `before` runs first in the work transaction (throw to fail). */
-function pointsConsumer(before: (ctx: HandlerContext) => Promise<void> | void = () => {}) {
-  seq += 1;
-  const name = `vercel.award-${seq}`;
-  return defineConsumer({
-    name,
-    queue: `vercel.points.q${seq}`,
-    kind: "points.award.v1",
-    schema,
-    async handle(data, ctx) {
-      await before(ctx);
-      await ctx.tx.insert(effects).values({ jobId: ctx.envelope.job_id, consumer: name, amount: data.points });
-    },
-  });
-}
-
-const random = () => 0.5;
-const bind = (consumer: ReturnType<typeof pointsConsumer>) =>
-  bindConsumer(consumer, { db: pg.db, logger: silentLogger, random });
-
-const effectRows = (consumer: string) => pg.db.select().from(effects).where(eq(effects.consumer, consumer));
-const letters = (consumer: string) => pg.db.select().from(deadLetters).where(eq(deadLetters.consumer, consumer));
+const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "vercel");
 
 /** Acknowledgements and visibility changes, without the push route's lease confirmation (a PATCH to the full 300 s lease). */
 const directives = (h: VercelHarness) =>
@@ -370,7 +343,7 @@ describe("push mode (route handler)", () => {
       name: `${first.name}-b`,
       queue: first.queue,
       kind: "points.award.v1",
-      schema,
+      schema: pointsSchema,
       async handle(data, ctx) {
         if (limited-- > 0) throw new RateLimitedError("429", { retryAfterMs: 5_000 });
         await ctx.tx
@@ -478,7 +451,7 @@ describe("addressed messages", () => {
       name: `${first.name}-other`,
       queue: first.queue,
       kind: "points.award.v1",
-      schema,
+      schema: pointsSchema,
       async handle(data, ctx) {
         await ctx.tx
           .insert(effects)
