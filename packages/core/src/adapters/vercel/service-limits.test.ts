@@ -389,7 +389,8 @@ describe("size (#11 item 8)", () => {
 });
 
 describe("the service's answers to a republish (#11 item 7)", () => {
-  test("202 (accepted, no id): the copy runs, and the original kept as insurance comes back as a duplicate", async () => {
+  /** A push route whose job is rate-limited on its first run (so the adapter republishes a copy), published. */
+  async function rateLimitedOnce() {
     const h = await open("push");
     const attempts: number[] = [];
     let limited = 1;
@@ -399,6 +400,11 @@ describe("the service's answers to a republish (#11 item 7)", () => {
     });
     h.subscribe(bind(consumer));
     await h.queue.publish(consumer.queue, award());
+    return { h, consumer, attempts };
+  }
+
+  test("202 (accepted, no id): the copy runs, and the original kept as insurance comes back as a duplicate", async () => {
+    const { h, consumer, attempts } = await rateLimitedOnce();
     h.fake.failNextSends({ status: 202 });
     await h.settle();
     expect(h.fake.sends.map((x) => x.status)).toEqual([201, 202]);
@@ -410,15 +416,7 @@ describe("the service's answers to a republish (#11 item 7)", () => {
   });
 
   test("202 whose deferred processing never stores the copy: the original kept as insurance runs the job", async () => {
-    const h = await open("push");
-    const attempts: number[] = [];
-    let limited = 1;
-    const consumer = pointsConsumer((ctx) => {
-      attempts.push(ctx.attempt);
-      if (limited-- > 0) throw new RateLimitedError("429", { retryAfterMs: 20_000 });
-    });
-    h.subscribe(bind(consumer));
-    await h.queue.publish(consumer.queue, award());
+    const { h, consumer, attempts } = await rateLimitedOnce();
     h.fake.failNextSends({ status: 202, store: false });
     await h.settle();
     expect(attempts).toEqual([1, 2]);
