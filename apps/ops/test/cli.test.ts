@@ -1,8 +1,7 @@
-import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { createEnvelope } from "@softcrum/core";
 import { createLoyaltyModule } from "@softcrum/example-loyalty/composition-root";
-import { type ScriptResult, useTestDatabase } from "@softcrum/testing";
+import { runScript, type ScriptResult, useTestDatabase } from "@softcrum/testing";
 import { beforeAll, describe, expect, test } from "vitest";
 
 const pg = useTestDatabase("ops-cli");
@@ -11,18 +10,10 @@ const BIN = fileURLToPath(new URL("../bin/softcrum-ops.mjs", import.meta.url));
 
 /** Runs `pnpm ops …` as an operator would, in its own process, against the test database. */
 function ops(args: string[], env: Record<string, string> = {}): Promise<ScriptResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], {
-      cwd: fileURLToPath(new URL("..", import.meta.url)),
-      env: { ...process.env, NODE_OPTIONS: "", DATABASE_URL: pg.url, SOFTCRUM_OPERATOR: "", COLUMNS: "200", ...env },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (chunk) => (stdout += chunk));
-    child.stderr.on("data", (chunk) => (stderr += chunk));
-    child.on("error", reject);
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
+  return runScript(BIN, args, {
+    tsx: false,
+    cwd: fileURLToPath(new URL("..", import.meta.url)),
+    env: { NODE_OPTIONS: "", DATABASE_URL: pg.url, SOFTCRUM_OPERATOR: "", COLUMNS: "200", ...env },
   });
 }
 

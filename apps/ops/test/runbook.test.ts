@@ -1,4 +1,3 @@
-import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { runScript, type ScriptResult, useTestDatabase } from "@softcrum/testing";
@@ -42,19 +41,7 @@ async function operatorRole(role: string) {
 }
 
 function run(args: string[], env: Record<string, string>): Promise<ScriptResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], {
-      cwd: ROOT,
-      env: { ...process.env, NODE_OPTIONS: "", SOFTCRUM_OPERATOR: "", ...env },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (chunk) => (stdout += chunk));
-    child.stderr.on("data", (chunk) => (stderr += chunk));
-    child.on("error", reject);
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
-  });
+  return runScript(BIN, args, { tsx: false, cwd: ROOT, env: { NODE_OPTIONS: "", SOFTCRUM_OPERATOR: "", ...env } });
 }
 
 /** Shell words of one command line: quotes, and a `#` comment outside them. */

@@ -2,7 +2,7 @@ export type { PgBouncer, PgBouncerOptions } from "./pgbouncer.ts";
 export { findPgBouncer, NO_PGBOUNCER_MESSAGE, startPgBouncer, upstreamOf } from "./pgbouncer.ts";
 export type { PostgresServer } from "./postgres.ts";
 export { findPostgres, NO_POSTGRES_MESSAGE, uniqueDatabaseName, withAdmin, withDatabase } from "./postgres.ts";
-export type { RunningScript, ScriptResult } from "./run-script.ts";
+export type { RunningScript, ScriptOptions, ScriptResult } from "./run-script.ts";
 export { runScript, startScript } from "./run-script.ts";
 export type { Connection, TestDatabase } from "./test-database.ts";
 export { useTestDatabase } from "./test-database.ts";

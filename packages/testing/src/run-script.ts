@@ -13,17 +13,22 @@ export interface RunningScript {
   readonly stderr: () => string;
 }
 
+/** Where and how a script runs. `tsx: false` for compiled JavaScript (an installed bin). */
+export interface ScriptOptions {
+  readonly env?: NodeJS.ProcessEnv;
+  readonly cwd?: string;
+  /** @default true */
+  readonly tsx?: boolean;
+}
+
 /**
  * Starts a TypeScript entry point in its own Node process (through tsx), as a
  * person would run the command, collecting what it prints; for scripts that
  * run until told to stop.
  */
-export function startScript(
-  script: string,
-  args: readonly string[] = [],
-  options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
-): RunningScript {
-  const child = spawn(process.execPath, ["--import", "tsx", script, ...args], {
+export function startScript(script: string, args: readonly string[] = [], options: ScriptOptions = {}): RunningScript {
+  const loader = options.tsx === false ? [] : ["--import", "tsx"];
+  const child = spawn(process.execPath, [...loader, script, ...args], {
     ...(options.cwd ? { cwd: options.cwd } : {}),
     env: options.env ?? process.env,
     stdio: ["ignore", "pipe", "pipe"],
@@ -43,16 +48,9 @@ export function startScript(
  * Runs a TypeScript entry point in its own Node process (through tsx), as a
  * person would run the command, and collects its exit code and output.
  */
-export function runScript(
-  script: string,
-  args: readonly string[],
-  options: { env?: Record<string, string>; cwd?: string } = {},
-): Promise<ScriptResult> {
+export function runScript(script: string, args: readonly string[], options: ScriptOptions = {}): Promise<ScriptResult> {
   return new Promise((resolve, reject) => {
-    const running = startScript(script, args, {
-      ...(options.cwd ? { cwd: options.cwd } : {}),
-      env: { ...process.env, ...options.env },
-    });
+    const running = startScript(script, args, { ...options, env: { ...process.env, ...options.env } });
     running.child.on("error", reject);
     running.child.on("close", (code) => resolve({ code, stdout: running.stdout(), stderr: running.stderr() }));
   });
