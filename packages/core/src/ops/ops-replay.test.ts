@@ -9,6 +9,7 @@ import { asc, eq } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
+import { publishToDeadLetters } from "../../test/dead-letters.ts";
 import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
 import { vercelHarness } from "../../test/vercel-transport.ts";
 import { createMemoryQueue, type DeliveryEvent, type MemoryQueue } from "../adapters/memory/index.ts";
@@ -62,15 +63,9 @@ afterEach(async () => {
 const award = (customerId: string, points = 10) =>
   createEnvelope({ tenantId: "acme", kind: "points.award.v1", data: { customerId, points } });
 
-async function makeDeadLetters(envelopes: Envelope[]): Promise<string[]> {
-  for (const e of envelopes) broken.add((e.data as { customerId: string }).customerId);
-  for (const e of envelopes) {
-    await queue.publish(QUEUE, e);
-    await queue.drain();
-  }
-  const rows = await pg.db.select({ id: deadLetters.id, jobId: deadLetters.jobId }).from(deadLetters);
-  return envelopes.map((e) => rows.find((r) => r.jobId === e.job_id)?.id as string);
-}
+/** Jobs for broken customers, each delivered until it became a dead letter; the letters' ids in order. */
+const makeDeadLetters = (envelopes: Envelope[]) =>
+  publishToDeadLetters({ db: pg.db, queue, queueName: QUEUE, broken }, envelopes);
 
 /** A pending letter of a module this process knows nothing about. */
 async function foreignLetter(queueName = "billing.invoices", consumerName = "billing.send"): Promise<string> {

@@ -2,6 +2,7 @@ import { useTestDatabase } from "@softcrum/testing";
 import { eq, sql } from "drizzle-orm";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
+import { publishToDeadLetters } from "../../test/dead-letters.ts";
 import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
 import { createMemoryQueue, type MemoryQueue } from "../adapters/memory/index.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
@@ -75,17 +76,9 @@ afterEach(async () => {
 const award = (customerId: string, points = 10, tenantId = "acme") =>
   createEnvelope({ tenantId, kind: "points.award.v1", data: { customerId, points } });
 
-/** Publishes jobs for broken customers and waits until each became a dead letter; returns the letters' ids in order. */
-async function makeDeadLetters(envelopes: Envelope[]): Promise<string[]> {
-  for (const e of envelopes) broken.add((e.data as { customerId: string }).customerId);
-  // One at a time, so the letters are created (and ordered by id) as the envelopes are.
-  for (const e of envelopes) {
-    await queue.publish(QUEUE, e);
-    await queue.drain();
-  }
-  const rows = await pg.db.select({ id: deadLetters.id, jobId: deadLetters.jobId }).from(deadLetters);
-  return envelopes.map((e) => rows.find((r) => r.jobId === e.job_id)?.id as string);
-}
+/** Jobs for broken customers, each delivered until it became a dead letter; the letters' ids in order. */
+const makeDeadLetters = (envelopes: Envelope[]) =>
+  publishToDeadLetters({ db: pg.db, queue, queueName: QUEUE, broken }, envelopes);
 const effectsOf = async (jobId: string) =>
   (await pg.sql<{ n: number }[]>`select count(*)::int as n from test_effects where job_id = ${jobId}`)[0]?.n;
 const letter = async (id: string) => (await pg.db.select().from(deadLetters).where(eq(deadLetters.id, id)))[0];
