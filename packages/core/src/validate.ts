@@ -13,3 +13,10 @@ export function nonNegative(value: number, name: string): number {
     throw new InvalidConfigError(`${name} must be a non-negative number, got ${value}`);
   return value;
 }
+
+/** `value` if it is a finite number > 0, else an InvalidConfigError naming the option. */
+export function positive(value: number, name: string): number {
+  if (!Number.isFinite(value) || value <= 0)
+    throw new InvalidConfigError(`${name} must be a positive number, got ${value}`);
+  return value;
+}

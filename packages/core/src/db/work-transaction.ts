@@ -536,21 +536,14 @@ class StartTimeoutError extends Error {
   }
 }
 
-/**
- * The answers to BEGIN, lock and fence within `ms`; else the connection is
- * destroyed at once (whatever is still waiting on it fails) and this throws
- * (the caller reports WorkNotStartedError).
- */
-async function startedWithin<T>(statements: Promise<T>, ms: number, conn: ReservedClient): Promise<T> {
+/** `work`'s result within `ms`; else what `expired()` returns (after doing what it must) is thrown. */
+async function within<T>(work: Promise<T>, ms: number, expired: () => Error): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
     return await Promise.race([
-      statements,
+      work,
       new Promise<never>((_, reject) => {
-        timer = setTimeout(() => {
-          destroy(conn);
-          reject(new StartTimeoutError(ms));
-        }, ms);
+        timer = setTimeout(() => reject(expired()), ms);
       }),
     ]);
   } finally {
@@ -558,19 +551,21 @@ async function startedWithin<T>(statements: Promise<T>, ms: number, conn: Reserv
   }
 }
 
+/**
+ * The answers to BEGIN, lock and fence within `ms`; else the connection is
+ * destroyed at once (whatever is still waiting on it fails) and this throws
+ * (the caller reports WorkNotStartedError).
+ */
+function startedWithin<T>(statements: Promise<T>, ms: number, conn: ReservedClient): Promise<T> {
+  return within(statements, ms, () => {
+    destroy(conn);
+    return new StartTimeoutError(ms);
+  });
+}
+
 /** The answer to `query` within `ms`, else an UnprovenCommitError (the caller destroys the connection). */
-async function answeredWithin<T>(query: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      query,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new UnprovenCommitError(`no answer to ${what} within ${ms} ms`)), ms);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
+function answeredWithin<T>(query: Promise<T>, ms: number, what: string): Promise<T> {
+  return within(query, ms, () => new UnprovenCommitError(`no answer to ${what} within ${ms} ms`));
 }
 
 function destroy(conn: ReservedClient): void {

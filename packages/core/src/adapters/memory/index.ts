@@ -21,14 +21,7 @@ import type {
   QueuePort,
   ReplayLanePort,
 } from "../../queue-port.ts";
-import { nonNegative, positiveInteger } from "../../validate.ts";
-
-function positive(value: number, name: string): number {
-  if (!(Number.isFinite(value) && value > 0)) {
-    throw new InvalidConfigError(`${name} must be a positive number, got ${value}`);
-  }
-  return value;
-}
+import { nonNegative, positive, positiveInteger } from "../../validate.ts";
 
 export interface MemoryQueueOptions {
   /** @default the system clock; pass `createManualClock()` so backoff takes no real time. */
