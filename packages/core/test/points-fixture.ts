@@ -8,6 +8,7 @@ import { z } from "zod";
 import { bindConsumer, defineConsumer, type HandlerContext } from "../src/consumer.ts";
 import { deadLetters } from "../src/db/schema.ts";
 import { createEnvelope, type Envelope } from "../src/envelope.ts";
+import { RateLimitedError } from "../src/errors.ts";
 import { effects, silentLogger } from "./fixtures.ts";
 
 export const pointsSchema = z.object({ customerId: z.string().min(1), points: z.number().int().positive() });
@@ -36,8 +37,19 @@ export function pointsFixture(pg: TestDatabase, prefix: string) {
       },
     });
   }
+  /** A consumer whose first `times` runs are rate-limited (20 s), recording each run's attempt. */
+  function rateLimitedConsumer(times: number, message = "429") {
+    const attempts: number[] = [];
+    let limited = times;
+    const consumer = pointsConsumer((ctx) => {
+      attempts.push(ctx.attempt);
+      if (limited-- > 0) throw new RateLimitedError(message, { retryAfterMs: 20_000 });
+    });
+    return { consumer, attempts };
+  }
   return {
     pointsConsumer,
+    rateLimitedConsumer,
     bind: (consumer: ReturnType<typeof pointsConsumer>) =>
       bindConsumer(consumer, { db: pg.db, logger: silentLogger, random }),
     effectRows: (consumer: string) => pg.db.select().from(effects).where(eq(effects.consumer, consumer)),

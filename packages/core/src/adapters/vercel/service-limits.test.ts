@@ -10,7 +10,7 @@ import { createVercelQueue, toVercelTopic, type VercelIncident, vercelTrigger } 
 
 const pg = useEffectsDatabase("vercel-limits");
 
-const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "limits");
+const { pointsConsumer, rateLimitedConsumer, bind, effectRows, letters } = pointsFixture(pg, "limits");
 const backoff = (attempt: number) => Math.ceil(retryDelayMs(DEFAULT_RETRY_POLICY, attempt, random) / 1000);
 
 let harnesses: VercelHarness[] = [];
@@ -392,12 +392,7 @@ describe("the service's answers to a republish (#11 item 7)", () => {
   /** A push route whose job is rate-limited on its first run (so the adapter republishes a copy), published. */
   async function rateLimitedOnce() {
     const h = await open("push");
-    const attempts: number[] = [];
-    let limited = 1;
-    const consumer = pointsConsumer((ctx) => {
-      attempts.push(ctx.attempt);
-      if (limited-- > 0) throw new RateLimitedError("429", { retryAfterMs: 20_000 });
-    });
+    const { consumer, attempts } = rateLimitedConsumer(1);
     h.subscribe(bind(consumer));
     await h.queue.publish(consumer.queue, award());
     return { h, consumer, attempts };

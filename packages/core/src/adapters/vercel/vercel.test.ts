@@ -17,7 +17,7 @@ import { createVercelQueue, fromVercelTopic, readVercelWrapper, toVercelTopic } 
 
 const pg = useEffectsDatabase("vercel");
 
-const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "vercel");
+const { pointsConsumer, rateLimitedConsumer, bind, effectRows, letters } = pointsFixture(pg, "vercel");
 
 /** Acknowledgements and visibility changes, without the push route's lease confirmation (a PATCH to the full 300 s lease). */
 const directives = (h: VercelHarness) =>
@@ -287,12 +287,7 @@ describe("push mode (route handler)", () => {
 
   test("a rate-limited delivery is republished with its delay before the original is acknowledged, and stays attempt 1", async () => {
     const h = await open("push");
-    const attempts: number[] = [];
-    let limited = 2;
-    const consumer = pointsConsumer((ctx) => {
-      attempts.push(ctx.attempt);
-      if (limited-- > 0) throw new RateLimitedError("partner 429", { retryAfterMs: 20_000 });
-    });
+    const { consumer, attempts } = rateLimitedConsumer(2, "partner 429");
     h.subscribe(bind(consumer));
     await h.queue.publish(consumer.queue, award());
     await h.settle();
