@@ -305,6 +305,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #outboxRelay: { wake(): void } | undefined;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
   readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
+  readonly #attributesByOutcome = new Map<DeliveryOutcome, JobMetricAttributes>();
   /** Alerts handed to the port and not yet settled; `flushAlerts` waits for them. */
   readonly #alertsInFlight = new Set<Promise<unknown>>();
   /** An alert was raised since the last `flushAlerts`: only then is the port flushed. */
@@ -361,7 +362,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     }
 
     // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.
-    const decoded = await this.#decode(delivery.body);
+    let decoded = this.#decode(delivery.body);
+    if (decoded instanceof Promise) decoded = await decoded;
     if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
     const { received, envelope, parsed, lockKey } = decoded;
 
@@ -504,70 +506,110 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
    * throws) is poison too: the same payload throws the same way on every
    * delivery, so retrying it can only loop. Never throws.
    */
-  async #decode(body: unknown): Promise<Decoded<z.output<TSchema>>> {
+  #decode(body: unknown): Decoded<z.output<TSchema>> | Promise<Decoded<z.output<TSchema>>> {
     const consumer = this.#consumer;
-    let received: ReceivedPayload = { text: "", encoding: "utf8" };
-    let fields: DeadLetterInput["envelope"] = {};
-    let stage = "decoding the payload";
+    const progress: DecodeProgress = { received: undefined, fields: {}, stage: "payload", kind: "" };
     try {
-      received = decodeBody(body);
-      if (received.decodeError !== undefined) return poisonOf(received, fields, received.decodeError);
-      stage = "reading the envelope";
+      const received = decodeBody(body);
+      progress.received = received;
+      if (received.decodeError !== undefined) return poisonOf(received, progress.fields, received.decodeError);
+      progress.stage = "envelope";
       const check = checkEnvelope(received.value);
       if (!check.ok) {
-        fields = readableFields(received.value);
-        return poisonOf(received, fields, `invalid envelope: ${check.issues.join("; ")}`);
+        progress.fields = readableFields(received.value);
+        return poisonOf(received, progress.fields, `invalid envelope: ${check.issues.join("; ")}`);
       }
       const envelope = check.envelope;
-      fields = envelope;
+      progress.fields = envelope;
       if (!consumer.kinds.has(envelope.kind)) {
         const accepted = [...consumer.kinds].join(", ");
         return poisonOf(
           received,
-          fields,
+          progress.fields,
           `kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`,
         );
       }
-      stage = `validating data for ${envelope.kind}`;
-      const parsed = await parseData(consumer.schema, envelope.data);
-      if (!parsed.success) {
+      progress.stage = "data";
+      progress.kind = envelope.kind;
+      const parsed = parseData(consumer.schema, envelope.data);
+      // Only a schema with an async refinement or transform makes this wait:
+      // every other delivery goes on without a turn of the event loop.
+      if (parsed instanceof Promise) return this.#decodeLater(progress, received, envelope, parsed);
+      return this.#decoded(progress, received, envelope, parsed);
+    } catch (thrown) {
+      return this.#thrownWhileDecoding(progress, thrown);
+    }
+  }
+
+  async #decodeLater(
+    progress: DecodeProgress,
+    received: ReceivedPayload,
+    envelope: Envelope,
+    parsing: Promise<z.ZodSafeParseResult<z.output<TSchema>>>,
+  ): Promise<Decoded<z.output<TSchema>>> {
+    try {
+      return this.#decoded(progress, received, envelope, await parsing);
+    } catch (thrown) {
+      return this.#thrownWhileDecoding(progress, thrown);
+    }
+  }
+
+  /** The verdict once the data is parsed; the ordering key is computed here (it may throw). */
+  #decoded(
+    progress: DecodeProgress,
+    received: ReceivedPayload,
+    envelope: Envelope,
+    parsed: z.ZodSafeParseResult<z.output<TSchema>>,
+  ): Decoded<z.output<TSchema>> {
+    const consumer = this.#consumer;
+    if (!parsed.success) {
+      return poisonOf(
+        received,
+        progress.fields,
+        `invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`,
+      );
+    }
+    let lockKey: string | undefined;
+    if (consumer.orderingKey) {
+      progress.stage = "ordering key";
+      const key: unknown = consumer.orderingKey(parsed.data, envelope);
+      if (typeof key !== "string") {
         return poisonOf(
           received,
-          fields,
-          `invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`,
+          progress.fields,
+          `${stageText(progress, consumer.name)}: it returned ${typeof key}, not a string`,
         );
       }
-      let lockKey: string | undefined;
-      if (consumer.orderingKey) {
-        stage = `computing ${consumer.name}'s ordering key`;
-        const key: unknown = consumer.orderingKey(parsed.data, envelope);
-        if (typeof key !== "string")
-          return poisonOf(received, fields, `${stage}: it returned ${typeof key}, not a string`);
-        // The consumer name prefixes the ordering key ("|" cannot occur in a
-        // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
-        lockKey = `${consumer.name}|${key.replaceAll("\u0000", "")}`;
-      }
-      return { ok: true, received, envelope, parsed: { data: parsed.data }, lockKey };
-    } catch (thrown) {
-      if (fields.job_id === undefined && received.value !== undefined) {
-        try {
-          fields = readableFields(received.value);
-        } catch {} // a value whose fields throw when read: nothing readable
-      }
-      let described: string;
-      try {
-        described = describeError(thrown);
-      } catch {
-        described = "something that cannot even be described"; // e.g. a Proxy that throws on every read
-      }
-      let name: string;
-      try {
-        name = thrown instanceof Error ? thrown.name : typeof thrown;
-      } catch {
-        name = "a value that cannot be read";
-      }
-      return poisonOf(received, fields, `${stage} threw ${described}`, `${stage} threw ${name}`);
+      // The consumer name prefixes the ordering key ("|" cannot occur in a
+      // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
+      lockKey = `${consumer.name}|${key.replaceAll("\u0000", "")}`;
     }
+    return { ok: true, received, envelope, parsed: { data: parsed.data }, lockKey };
+  }
+
+  /** Poison, for whatever a stage of `#decode` threw; never throws itself. */
+  #thrownWhileDecoding(progress: DecodeProgress, thrown: unknown): Decoded<never> {
+    const received = progress.received ?? { text: "", encoding: "utf8" };
+    let fields = progress.fields;
+    if (fields.job_id === undefined && received.value !== undefined) {
+      try {
+        fields = readableFields(received.value);
+      } catch {} // a value whose fields throw when read: nothing readable
+    }
+    let described: string;
+    try {
+      described = describeError(thrown);
+    } catch {
+      described = "something that cannot even be described"; // e.g. a Proxy that throws on every read
+    }
+    let name: string;
+    try {
+      name = thrown instanceof Error ? thrown.name : typeof thrown;
+    } catch {
+      name = "a value that cannot be read";
+    }
+    const stage = stageText(progress, this.#consumer.name);
+    return poisonOf(received, fields, `${stage} threw ${described}`, `${stage} threw ${name}`);
   }
 
   /**
@@ -617,8 +659,14 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return `deferred past its horizon: a wait of ${waitMs} ms would bring the job back ${backAfter} ms after it was due, beyond ${this.name}'s deferral horizon of ${horizon} ms`;
   }
 
+  /** The same (frozen) attributes object for every job of one outcome: no object made per job. */
   #attributes(outcome: DeliveryOutcome): JobMetricAttributes {
-    return { queue: this.queue, consumer: this.name, outcome };
+    let attributes = this.#attributesByOutcome.get(outcome);
+    if (attributes === undefined) {
+      attributes = Object.freeze({ queue: this.queue, consumer: this.name, outcome });
+      this.#attributesByOutcome.set(outcome, attributes);
+    }
+    return attributes;
   }
 
   #finish<R extends DeliveryResult>(outcome: DeliveryOutcome, result: R): R {
@@ -893,6 +941,31 @@ function decodeBody(body: unknown): ReceivedPayload {
 }
 
 /** SHA-256 (hex) of the payload's bytes: the same message, whichever copy of it this is. */
+/**
+ * How far `#decode` got, for the poison message of whatever throws: the
+ * stage's text is only made then, not for every delivery.
+ */
+interface DecodeProgress {
+  received: ReceivedPayload | undefined;
+  fields: DeadLetterInput["envelope"];
+  stage: "payload" | "envelope" | "data" | "ordering key";
+  /** The envelope's kind, once read. */
+  kind: string;
+}
+
+function stageText(progress: DecodeProgress, consumerName: string): string {
+  switch (progress.stage) {
+    case "payload":
+      return "decoding the payload";
+    case "envelope":
+      return "reading the envelope";
+    case "data":
+      return `validating data for ${progress.kind}`;
+    case "ordering key":
+      return `computing ${consumerName}'s ordering key`;
+  }
+}
+
 /** A poison verdict of `#decode` (a module function: no closure made per delivery). */
 function poisonOf(
   received: ReceivedPayload,

@@ -294,6 +294,54 @@ describe("every handler run is bounded in time (#8 item 12)", () => {
     expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
   });
 
+  test("a delivery that gets no connection from the pool within timeoutMs is deferred, no attempt spent; the connection that comes later goes back to the pool", async () => {
+    let runs = 0;
+    const db = pool(1);
+    const c = bindConsumer(
+      consumer(
+        async () => {
+          runs += 1;
+        },
+        { timeoutMs: 300 },
+      ),
+      { db, logger: silentLogger },
+    );
+    const e = job(20);
+    const only = await db.$client.reserve(); // the pool's one connection
+    const first = c.deliver({ body: body(e), deliveryCount: 1 });
+    expect(await first).toMatchObject({
+      outcome: "deferred",
+      spendsAttempt: false,
+      error: expect.stringMatching(/no database connection within 300 ms/),
+    });
+    only.release(); // the harness's reservation, still queued, gets it now and gives it back
+    expect(await c.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "success" });
+    expect(runs).toBe(1);
+    expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 1, letters: 0 });
+  });
+
+  test("each wait of a run has the whole timeoutMs from its own start: a slow pool and then a slow handler, each within the bound, make a success", async () => {
+    const db = pool(1);
+    const c = bindConsumer(
+      consumer(
+        async (data, { tx, envelope }) => {
+          await new Promise((r) => setTimeout(r, 900));
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        },
+        { timeoutMs: 1_500 },
+      ),
+      { db, logger: silentLogger },
+    );
+    const e = job(21);
+    const only = await db.$client.reserve();
+    const run = c.deliver({ body: body(e), deliveryCount: 1 });
+    await new Promise((r) => setTimeout(r, 900));
+    only.release();
+    // 900 ms waiting for the connection, then 900 ms in the handler: 1.8 s in all, past 1.5 s.
+    expect(await run).toMatchObject({ outcome: "success" });
+    expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+  });
+
   test("on node-postgres (the Drizzle-transaction path), a delivery whose ordering lock is held elsewhere is deferred once the server-side bound passes, no attempt spent", async () => {
     const nodePool = new pgDriver.Pool({ connectionString: pg.url, max: 1 });
     nodePool.on("error", () => {});

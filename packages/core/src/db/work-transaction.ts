@@ -181,29 +181,77 @@ export class RunSignal {
   }
 }
 
-/** Runs `work` with an AbortSignal that fires after `timeoutMs`; rejects with HandlerTimeoutError then. */
-async function bounded(
+/**
+ * One timer for every bounded wait of a job (the connection, BEGIN and fence,
+ * the handler, COMMIT), each bounded by the same `ms` from its own start:
+ * `within()` restarts the timer (`refresh()`, no new timer per wait), and when
+ * it fires, the wait in progress ends with what its `expired` returns, after
+ * that has done what it must (destroy the connection, abort the run). Between
+ * two waits nothing is pending, so a firing then does nothing. This runs
+ * per job, so it makes no timer or race per wait (#8: ratio_raw).
+ */
+class Deadline {
+  readonly #ms: number;
+  #timer: NodeJS.Timeout | undefined;
+  #expire: (() => void) | undefined;
+  constructor(ms: number) {
+    this.#ms = ms;
+  }
+
+  /** `work`'s result if it comes within `ms` from now; else `expired()` is called and its error thrown. */
+  within<T>(work: Promise<T>, expired: () => Error): Promise<T> {
+    if (this.#timer === undefined) this.#timer = setTimeout(fire, this.#ms, this);
+    else this.#timer.refresh();
+    return new Promise<T>((resolve, reject) => {
+      this.#expire = () => reject(expired());
+      work.then(
+        (value) => {
+          this.#expire = undefined;
+          resolve(value);
+        },
+        (error: unknown) => {
+          this.#expire = undefined;
+          reject(error);
+        },
+      );
+    });
+  }
+
+  /** Called by the timer. */
+  fire(): void {
+    const expire = this.#expire;
+    this.#expire = undefined;
+    expire?.();
+  }
+
+  /** No more waits: the timer goes. */
+  end(): void {
+    clearTimeout(this.#timer);
+    this.#expire = undefined;
+  }
+}
+
+function fire(deadline: Deadline): void {
+  deadline.fire();
+}
+
+/**
+ * Runs `work` with an AbortSignal that fires after the deadline's `ms`;
+ * rejects with HandlerTimeoutError then, after `onTimeout()`.
+ */
+function bounded(
+  deadline: Deadline,
   timeoutMs: number,
   work: (run: RunSignal) => Promise<void>,
   onTimeout: () => void,
 ): Promise<void> {
   const run = new RunSignal();
-  let timer: NodeJS.Timeout | undefined;
-  const timedOut = new Promise<never>((_, reject) => {
-    timer = setTimeout(expire, timeoutMs, run, timeoutMs, onTimeout, reject);
+  return deadline.within(work(run), () => {
+    const error = new HandlerTimeoutError(timeoutMs);
+    run.controller().abort(error);
+    onTimeout();
+    return error;
   });
-  try {
-    await Promise.race([work(run), timedOut]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-function expire(run: RunSignal, timeoutMs: number, onTimeout: () => void, reject: (error: Error) => void): void {
-  const error = new HandlerTimeoutError(timeoutMs);
-  run.controller().abort(error);
-  onTimeout();
-  reject(error);
 }
 
 function viaDrizzleTransaction(db: AnyPgDatabase): RunInWorkTransaction {
@@ -252,10 +300,13 @@ select (select count(*)::int from fence) as inserted, (select detail from fence)
             return typeof value === "function" ? value.bind(target) : value;
           },
         });
+        const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+        const deadline = new Deadline(timeoutMs);
         try {
-          await bounded(target.timeoutMs ?? DEFAULT_TIMEOUT_MS, (signal) => work(view, signal), noop);
+          await bounded(deadline, timeoutMs, (signal) => work(view, signal), noop);
         } finally {
           over = true;
+          deadline.end();
         }
         // Still the transaction the fence was written in (the handler did not
         // end it). Also raises on an aborted transaction (25P02): if the
@@ -390,41 +441,66 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
 
   let warnedUnpatched = false;
 
+  // BEGIN's text for the last timeoutMs seen: consumers keep theirs, so it is
+  // rarely made again.
+  let beginFor = { timeoutMs: Number.NaN, text: "" };
+
   return async (target, work) => {
     const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-    const conn = await reserveWithin(client, timeoutMs);
-    if (typeof conn.transactionStatus !== "function" || typeof conn.terminate !== "function") {
-      // postgres.js without patches/postgres@3.4.9.patch: a reservation cannot
-      // tell a reconnected session from its own, so take the slower path,
-      // which checks the transaction id before COMMIT.
-      conn.release();
-      if (!warnedUnpatched) {
-        warnedUnpatched = true;
-        process.emitWarning(
-          "@softcrum/core: postgres.js is not patched (patches/postgres@3.4.9.patch); the work transaction runs through db.transaction(), slower and exposed to porsager/postgres #1208",
-        );
+    const deadline = new Deadline(timeoutMs);
+    try {
+      const conn = await reserveWithin(client, deadline, timeoutMs);
+      if (typeof conn.transactionStatus !== "function" || typeof conn.terminate !== "function") {
+        // postgres.js without patches/postgres@3.4.9.patch: a reservation cannot
+        // tell a reconnected session from its own, so take the slower path,
+        // which checks the transaction id before COMMIT.
+        conn.release();
+        if (!warnedUnpatched) {
+          warnedUnpatched = true;
+          process.emitWarning(
+            "@softcrum/core: postgres.js is not patched (patches/postgres@3.4.9.patch); the work transaction runs through db.transaction(), slower and exposed to porsager/postgres #1208",
+          );
+        }
+        deadline.end();
+        return await generic(target, work);
       }
-      return generic(target, work);
+      if (beginFor.timeoutMs !== timeoutMs) {
+        beginFor = { timeoutMs, text: beginSql(serverTimeout(timeoutMs)) };
+      }
+      return await runOn(conn, beginFor.text, deadline, timeoutMs, target, work);
+    } finally {
+      deadline.end();
     }
+  };
+
+  async function runOn(
+    conn: ReservedClient,
+    begin: string,
+    deadline: Deadline,
+    timeoutMs: number,
+    target: FenceTarget,
+    work: Parameters<RunInWorkTransaction>[1],
+  ): Promise<WorkOutcome> {
     let state: "idle" | "rollback" | "destroy" = "rollback";
     try {
       let inserted: boolean;
       let letter: string | undefined;
       try {
-        const timeout = serverTimeout(timeoutMs);
         // Bounded like the handler: a lock held elsewhere (the ordering key,
         // the fence key of a copy still running) or a wedged connection must
         // not hold the delivery forever. Past the bound the connection's state
         // is unknown (a statement may still be waiting on the server), so it
         // is destroyed; the delivery is deferred, no attempt spent.
-        const settled = await startedWithin(
+        const settled = await deadline.within(
           send(conn, [
-            [beginSql(timeout)],
+            [begin],
             ...(target.lockKey === undefined ? [] : [[LOCK_SQL, [target.lockKey]] as const]),
             [FENCE_SQL, [target.jobId, target.consumer]],
           ]),
-          timeoutMs,
-          conn,
+          () => {
+            destroy(conn);
+            return new StartTimeoutError(timeoutMs);
+          },
         );
         for (const s of settled) if (s.status === "rejected") throw s.reason;
         const fenced = settled[settled.length - 1];
@@ -449,6 +525,7 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
       const tx = new PostgresJsTransaction(dialect, txSession, schema as never) as unknown as WorkTransaction;
       try {
         await bounded(
+          deadline,
           timeoutMs,
           (signal) => work(tx, signal),
           () => {
@@ -478,7 +555,10 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
       }
       let committed: Rows;
       try {
-        committed = await answeredWithin(conn.unsafe("commit", [], { prepare }), timeoutMs, "COMMIT");
+        committed = await deadline.within(
+          conn.unsafe("commit", [], { prepare }),
+          () => new UnprovenCommitError(`no answer to COMMIT within ${timeoutMs} ms`),
+        );
       } catch (error) {
         // A lost COMMIT reply: the job may or may not have committed. Not a
         // success; the retry finds the fence if it did.
@@ -498,33 +578,25 @@ function pipelinedPostgresJs(db: AnyPgDatabase, pipeline: boolean): RunInWorkTra
     } finally {
       await finish(conn, state);
     }
-  };
+  }
 }
 
 /**
- * A connection from the pool within `ms`, else WorkNotStartedError (the
- * delivery is deferred). A reservation that arrives after we gave up goes
- * straight back to the pool.
+ * A connection from the pool within the deadline, else WorkNotStartedError
+ * (the delivery is deferred). A reservation that arrives after we gave up
+ * goes straight back to the pool.
  */
-async function reserveWithin(client: PgClient, ms: number): Promise<ReservedClient> {
-  let timer: NodeJS.Timeout | undefined;
+async function reserveWithin(client: PgClient, deadline: Deadline, ms: number): Promise<ReservedClient> {
   let gaveUp = false;
   const reserving = client.reserve();
   try {
-    return await Promise.race([
-      reserving,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => {
-          gaveUp = true;
-          reject(new Error(`no database connection within ${ms} ms`));
-        }, ms);
-      }),
-    ]);
+    return await deadline.within(reserving, () => {
+      gaveUp = true;
+      return new Error(`no database connection within ${ms} ms`);
+    });
   } catch (error) {
     if (gaveUp) reserving.then((late) => late.release(), noop);
     throw new WorkNotStartedError(error);
-  } finally {
-    clearTimeout(timer);
   }
 }
 
@@ -534,38 +606,6 @@ class StartTimeoutError extends Error {
     super(`BEGIN, the ordering lock and the fence did not answer within ${ms} ms`);
     this.name = "StartTimeoutError";
   }
-}
-
-/** `work`'s result within `ms`; else what `expired()` returns (after doing what it must) is thrown. */
-async function within<T>(work: Promise<T>, ms: number, expired: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      work,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(expired()), ms);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/**
- * The answers to BEGIN, lock and fence within `ms`; else the connection is
- * destroyed at once (whatever is still waiting on it fails) and this throws
- * (the caller reports WorkNotStartedError).
- */
-function startedWithin<T>(statements: Promise<T>, ms: number, conn: ReservedClient): Promise<T> {
-  return within(statements, ms, () => {
-    destroy(conn);
-    return new StartTimeoutError(ms);
-  });
-}
-
-/** The answer to `query` within `ms`, else an UnprovenCommitError (the caller destroys the connection). */
-function answeredWithin<T>(query: Promise<T>, ms: number, what: string): Promise<T> {
-  return within(query, ms, () => new UnprovenCommitError(`no answer to ${what} within ${ms} ms`));
 }
 
 function destroy(conn: ReservedClient): void {
