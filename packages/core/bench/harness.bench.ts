@@ -1,12 +1,15 @@
 /**
  * `pnpm bench`: the harness against doing the same work by hand, on real
- * Postgres, in one process, interleaved so that all three see the same
+ * Postgres, in one process, interleaved so that all four see the same
  * machine state. Each job's handler inserts one ledger row through the
  * transaction it is given. Concurrency 16.
  *   (a) harness:     bindConsumer(...).deliver() — envelope parse, schema, fence, handler, metrics;
  *   (b) handwritten: what a module developer would write with the same stack —
  *                    JSON.parse, db.transaction, the fence through Drizzle with onConflictDoNothing, the handler;
- *   (c) raw:         hand-tuned postgres.js — BEGIN pipelined with the fence insert, prepared statements.
+ *   (c) raw:         hand-tuned postgres.js — BEGIN pipelined with the fence insert, prepared statements;
+ *   (d) raw with Drizzle's query: (c), with the ledger insert built by Drizzle's query
+ *                    builder (`toSQL()`) as the handler builds it, then sent as in (c):
+ *                    the harness against raw postgres.js doing the same handler work.
  * Then the harness's jobs are delivered again (all duplicates), and the TTL
  * cleanup deletes 1,000,000 expired fence rows while 16 consumers keep going,
  * and the replay benchmarks of bench/replay.bench.ts run. Last, the soak
@@ -80,6 +83,33 @@ try {
   });
   const bound = bindConsumer(consumer, { db });
 
+  /** The raw variants' transaction; `insert` writes the ledger row. */
+  async function raw(
+    body: string,
+    insert: (conn: postgres.ReservedSql, envelope: Envelope<Data>) => Promise<unknown>,
+  ): Promise<void> {
+    const envelope = JSON.parse(body) as Envelope<Data>;
+    const conn = await sql.reserve();
+    try {
+      // BEGIN and the fence go out together; postgres.js pipelines them on the connection.
+      const begin = conn`begin`.execute();
+      const fence = conn`insert into core.processed_jobs (job_id, consumer) values (${envelope.job_id}, 'bench.raw')
+                         on conflict do nothing returning 1`.execute();
+      await begin;
+      if ((await fence).length === 0) {
+        await conn`commit`;
+        return;
+      }
+      await insert(conn, envelope);
+      await conn`commit`;
+    } catch (error) {
+      await conn`rollback`.catch(() => {});
+      throw error;
+    } finally {
+      conn.release();
+    }
+  }
+
   const variants = {
     harness: async (body: string) => {
       const result = await bound.deliver({ body, deliveryCount: 1 });
@@ -97,28 +127,15 @@ try {
         await credit(tx, envelope.job_id, envelope.data);
       });
     },
-    raw_postgresjs: async (body: string) => {
-      const envelope = JSON.parse(body) as Envelope<Data>;
-      const conn = await sql.reserve();
-      try {
-        // BEGIN and the fence go out together; postgres.js pipelines them on the connection.
-        const begin = conn`begin`.execute();
-        const fence = conn`insert into core.processed_jobs (job_id, consumer) values (${envelope.job_id}, 'bench.raw')
-                           on conflict do nothing returning 1`.execute();
-        await begin;
-        if ((await fence).length === 0) {
-          await conn`commit`;
-          return;
-        }
-        await conn`insert into bench_ledger (job_id, amount) values (${envelope.job_id}, ${envelope.data.amount})`;
-        await conn`commit`;
-      } catch (error) {
-        await conn`rollback`.catch(() => {});
-        throw error;
-      } finally {
-        conn.release();
-      }
-    },
+    raw_postgresjs: (body: string) =>
+      raw(body, (conn, envelope) =>
+        conn`insert into bench_ledger (job_id, amount) values (${envelope.job_id}, ${envelope.data.amount})`.execute(),
+      ),
+    raw_postgresjs_drizzle_query: (body: string) =>
+      raw(body, (conn, envelope) => {
+        const query = db.insert(ledger).values({ jobId: envelope.job_id, amount: envelope.data.amount }).toSQL();
+        return conn.unsafe(query.sql, query.params as never[], { prepare: true });
+      }),
   } as const;
   type Variant = keyof typeof variants;
   const names = Object.keys(variants) as Variant[];
@@ -202,6 +219,8 @@ try {
     raw_postgresjs_jobs_per_s: rate(elapsed.raw_postgresjs),
     ratio: Number((elapsed.handwritten_drizzle / elapsed.harness).toFixed(3)),
     ratio_raw: Number((elapsed.raw_postgresjs / elapsed.harness).toFixed(3)),
+    raw_postgresjs_drizzle_query_jobs_per_s: rate(elapsed.raw_postgresjs_drizzle_query),
+    ratio_raw_drizzle_query: Number((elapsed.raw_postgresjs_drizzle_query / elapsed.harness).toFixed(3)),
     duplicate_jobs_per_s: rate(duplicateMs),
     cleanup_deleted_rows_per_s: Math.round((cleaned.deleted / cleanupMs) * 1000),
     cleanup_p99_ratio: Number((p99(during) / p99(before)).toFixed(3)),
