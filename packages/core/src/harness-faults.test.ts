@@ -42,6 +42,46 @@ function consumer(
   seq += 1;
   return defineConsumer({ name: `faults.c${seq}`, queue: `faults.q${seq}`, kind: "test.v1", schema, handle, ...extra });
 }
+/** A consumer whose handler records one effect per run and counts its runs. */
+function countingConsumer(extra: Partial<ConsumerDefinition<typeof schema>> = {}) {
+  const counter = { runs: 0 };
+  const definition = consumer(async (data, { tx, envelope }) => {
+    counter.runs += 1;
+    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+  }, extra);
+  return { definition, counter };
+}
+
+/**
+ * Delivers `e` while another session holds its ordering key `key` (the
+ * harness's lock space): the delivery must be deferred, spend no attempt and
+ * not run the handler; `error` says which bound ended the wait. The key is
+ * free again when this returns.
+ */
+async function expectDeferredWhileOrderingKeyHeld(
+  c: ReturnType<typeof bindConsumer>,
+  held: { readonly definition: { readonly name: string }; readonly counter: { readonly runs: number } },
+  key: string,
+  e: Envelope,
+  error: RegExp,
+) {
+  const holder = await pg.sql.reserve();
+  try {
+    await holder`select pg_advisory_lock(hashtextextended(${`${held.definition.name}|${key}`}, 0))`;
+    expect(await c.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({
+      outcome: "deferred",
+      ack: false,
+      spendsAttempt: false,
+      error: expect.stringMatching(error),
+    });
+    expect(held.counter.runs).toBe(0);
+  } finally {
+    // Session-level locks outlive a released reservation: drop them first, even after a failure.
+    await holder`select pg_advisory_unlock_all()`;
+    holder.release();
+  }
+}
+
 const job = (n = 1) => createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } });
 const body = (e: Envelope) => JSON.stringify(e);
 
@@ -222,11 +262,7 @@ describe("the dead-letter decision is serialised with the work (#8 item 3)", () 
   );
 
   test("a delivery whose fence insert waits on a dead-letter decision in flight sees the letter that decision commits: its handler never runs", async () => {
-    let runs = 0;
-    const definition = consumer(async (data, { tx, envelope }) => {
-      runs += 1;
-      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-    });
+    const { definition, counter } = countingConsumer();
     const e = job(11);
     let release = () => {};
     const held = new Promise<void>((r) => {
@@ -254,43 +290,22 @@ describe("the dead-letter decision is serialised with the work (#8 item 3)", () 
     // The fence insert went through once the probe was gone; the letter was
     // committed after the insert's snapshot was taken, and must still be seen.
     expect(await delivery).toMatchObject({ outcome: "dead_lettered", errorClass: "exhausted" });
-    expect(runs).toBe(0);
+    expect(counter.runs).toBe(0);
     expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
   });
 });
 
 describe("every handler run is bounded in time (#8 item 12)", () => {
   test("a delivery whose ordering lock is held elsewhere past timeoutMs is deferred, no attempt spent, and its connection destroyed; the redelivery runs once the lock is free", async () => {
-    let runs = 0;
-    const definition = consumer(
-      async (data, { tx, envelope }) => {
-        runs += 1;
-        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-      },
-      { timeoutMs: 400, orderingKey: () => "customer-1" },
-    );
+    const counting = countingConsumer({ timeoutMs: 400, orderingKey: () => "customer-1" });
+    const { definition, counter } = counting;
     const c = bindConsumer(definition, { db: pool(1), logger: silentLogger });
     const e = job(12);
-    const holder = await pg.sql.reserve();
-    try {
-      // Another session holds the job's ordering key (same key space as the harness's xact lock).
-      await holder`select pg_advisory_lock(hashtextextended(${`${definition.name}|customer-1`}, 0))`;
-      const first = await c.deliver({ body: body(e), deliveryCount: 1 });
-      expect(first).toMatchObject({
-        outcome: "deferred",
-        ack: false,
-        spendsAttempt: false,
-        error: expect.stringMatching(/did not answer within 400 ms/),
-      });
-      expect(runs).toBe(0);
-      await holder`select pg_advisory_unlock_all()`;
-    } finally {
-      holder.release();
-    }
+    await expectDeferredWhileOrderingKeyHeld(c, counting, "customer-1", e, /did not answer within 400 ms/);
     // The pool of one got a fresh connection: the destroyed one is not reused.
     const again = await c.deliver({ body: body(e), deliveryCount: 1 });
     expect(again).toMatchObject({ outcome: "success" });
-    expect(runs).toBe(1);
+    expect(counter.runs).toBe(1);
     expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
   });
 
@@ -346,34 +361,17 @@ describe("every handler run is bounded in time (#8 item 12)", () => {
   test("on node-postgres (the Drizzle-transaction path), a delivery whose ordering lock is held elsewhere is deferred once the server-side bound passes, no attempt spent", async () => {
     const nodePool = new pgDriver.Pool({ connectionString: pg.url, max: 1 });
     nodePool.on("error", () => {});
-    let runs = 0;
-    const definition = consumer(
-      async (data, { tx, envelope }) => {
-        runs += 1;
-        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-      },
-      { timeoutMs: 300, orderingKey: () => "customer-2" },
-    );
+    const counting = countingConsumer({ timeoutMs: 300, orderingKey: () => "customer-2" });
+    const { definition, counter } = counting;
     const e = job(13);
-    const holder = await pg.sql.reserve();
     try {
       const c = bindConsumer(definition, { db: drizzleNodePg({ client: nodePool }), logger: silentLogger });
-      await holder`select pg_advisory_lock(hashtextextended(${`${definition.name}|customer-2`}, 0))`;
       // Bounded by the transaction's statement_timeout (timeoutMs + 1 s), set before the lock.
-      const first = await c.deliver({ body: body(e), deliveryCount: 1 });
-      expect(first).toMatchObject({
-        outcome: "deferred",
-        ack: false,
-        spendsAttempt: false,
-        error: expect.stringMatching(/statement timeout/),
-      });
-      expect(runs).toBe(0);
-      await holder`select pg_advisory_unlock_all()`;
+      await expectDeferredWhileOrderingKeyHeld(c, counting, "customer-2", e, /statement timeout/);
       expect(await c.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "success" });
-      expect(runs).toBe(1);
+      expect(counter.runs).toBe(1);
       expect(await stateOf(e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
     } finally {
-      holder.release();
       await nodePool.end();
     }
   });
