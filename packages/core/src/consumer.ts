@@ -10,11 +10,11 @@
  */
 import { createHash } from "node:crypto";
 import { sql } from "drizzle-orm";
-import type { PgDatabase, PgQueryResultHKT, PgTransaction } from "drizzle-orm/pg-core";
 import { uuidv7 } from "uuidv7";
 import type { z } from "zod";
 import { alertErrorFields } from "./alerts/redact.ts";
 import { type DeadLetterErrorClass, deadLetters, LAST_ERROR_MAX } from "./db/schema.ts";
+import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
 import {
   decideDeadLetter,
   type RunInWorkTransaction,
@@ -38,11 +38,7 @@ import {
   retryDelayMs,
 } from "./retry.ts";
 
-// biome-ignore lint/suspicious/noExplicitAny: any Drizzle Postgres database (postgres.js, PGlite, ...) with any schema.
-export type AnyPgDatabase = PgDatabase<PgQueryResultHKT, any, any>;
-/** The Drizzle transaction a handler does its work in; the fence is already written in it. */
-// biome-ignore lint/suspicious/noExplicitAny: the module's own schema types are not known here.
-export type WorkTransaction = PgTransaction<PgQueryResultHKT, any, any>;
+export type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
 
 export interface HandlerContext {
   /** Do every database write of the job through this: it commits or rolls back together with the fence. */

@@ -10,8 +10,8 @@
  */
 import { sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
-import type { AnyPgDatabase, WorkTransaction } from "../consumer.ts";
 import { outbox } from "../db/schema.ts";
+import type { AnyPgDatabase, WorkTransaction } from "../db/types.ts";
 import { type Envelope, parseEnvelope } from "../envelope.ts";
 import { InvalidConfigError } from "../errors.ts";
 

@@ -1,0 +1,139 @@
+/**
+ * The driver port of the work-transaction engine (`work-transaction.ts`).
+ *
+ * A driver supplies I/O only: a connection of its own for one work
+ * transaction, statements sent on it, its answers as the wire gave them, and
+ * the driver's Drizzle session class. Every rule of SPEC §4 — the bounds, the
+ * isolation level, the ordering lock, the fence, what a commit proves, when a
+ * connection is destroyed instead of released — lives in the engine, once.
+ * One file per driver in `drivers/`, each of the same shape: a
+ * `<name>Driver(db)` that returns a Driver for a Drizzle database of that
+ * driver, or undefined for any other.
+ */
+import { WorkTransactionOverError } from "./errors.ts";
+
+/** A statement: text, and its parameters (none: sent as a simple query, which may hold several statements). */
+export interface Statement {
+  readonly text: string;
+  readonly params?: readonly unknown[];
+}
+
+/** What the server answered to one statement. */
+export interface Answer {
+  readonly rows: readonly Record<string, unknown>[];
+  /** The command tag (`COMMIT`, `ROLLBACK`, `INSERT`…), when the driver reports it. */
+  readonly command: string | undefined;
+}
+
+/** The transaction status of a session, from its last ReadyForQuery: idle, in a transaction, in a failed one. */
+export type TransactionStatus = "I" | "T" | "E";
+
+/** One connection, held by one work transaction from `acquire()` until `release()` or `destroy()`. */
+export interface DriverConnection {
+  /**
+   * Opens the transaction: BEGIN, then `settings` (a simple query of SET
+   * statements and set_config calls), then `statements`, in this order, all
+   * sent at once where the driver can pipeline. Settles each of `statements`
+   * (a failed BEGIN or settings fails them all); one after a failed one is
+   * never run outside the transaction.
+   */
+  start(settings: string, statements: readonly Statement[]): Promise<PromiseSettledResult<Answer>[]>;
+  /** One statement in the open transaction (the engine's own checks). */
+  query(statement: Statement): Promise<Answer>;
+  /**
+   * The session's transaction status from the wire, null once the
+   * connection closed. Only for a driver whose `provesByStatus` is true.
+   */
+  transactionStatus(): TransactionStatus | null;
+  /** Sends COMMIT; resolves with the command tag the server answered (`ROLLBACK` for a failed transaction). */
+  commit(): Promise<string | undefined>;
+  /** Sends ROLLBACK; resolves with the command tag the server answered. */
+  rollback(): Promise<string | undefined>;
+  /** Back to the pool: only ever called when the connection is known to have no transaction open. */
+  release(): void;
+  /** Closes the connection itself (its socket): whatever was in flight on it fails, nothing sent later runs. */
+  destroy(): void;
+  /**
+   * The client the handler's Drizzle session talks to: the driver's own
+   * client shape (postgres.js `unsafe`, node-postgres and PGlite `query`),
+   * every call of which asks `gate` first. Savepoints, prepared queries and
+   * query builders made from the handler's `tx` all end up here, so once the
+   * gate is closed nothing derived from `tx` can run.
+   */
+  handlerClient(gate: Gate): unknown;
+}
+
+export interface Driver {
+  readonly name: "postgres.js" | "node-postgres" | "PGlite";
+  /**
+   * Whether the commit is proven by the session's transaction status
+   * (`transactionStatus()`); otherwise the engine compares the transaction id
+   * the fence was written in with the one open right before COMMIT.
+   */
+  readonly provesByStatus: boolean;
+  /** A connection of this work transaction's own. */
+  acquire(): Promise<DriverConnection>;
+  /** The driver's Drizzle session class: `new Session(handlerClient, dialect, schema, options)`. */
+  readonly Session: new (
+    client: unknown,
+    dialect: unknown,
+    schema: unknown,
+    options: unknown,
+  ) => unknown;
+  /** The database's Drizzle internals the handler's transaction is built from. */
+  readonly drizzle: { readonly dialect: unknown; readonly schema: unknown; readonly options: unknown };
+}
+
+/** Closed by the engine when a run is over; every query of the handler asks it first. */
+export class Gate {
+  #over = false;
+  get over(): boolean {
+    return this.#over;
+  }
+  close(): void {
+    this.#over = true;
+  }
+  /** Throws WorkTransactionOverError once closed. */
+  check(): void {
+    if (this.#over) throw new WorkTransactionOverError();
+  }
+}
+
+/** Drizzle's internals of a database: present on every PgDatabase at run time, not in its public types. */
+export interface DrizzleInternals {
+  readonly dialect: unknown;
+  readonly session: {
+    readonly constructor: abstract new (...args: never[]) => unknown;
+    readonly client?: unknown;
+    readonly options?: object;
+    readonly schema?: unknown;
+  };
+  readonly $client?: unknown;
+}
+
+/** The entityKind name of the database's Drizzle session class (`PostgresJsSession`, `NodePgSession`, `PgliteSession`). */
+export function sessionKind(internals: DrizzleInternals): string | undefined {
+  const kind = (internals.session?.constructor as unknown as { [key: symbol]: unknown } | undefined)?.[ENTITY_KIND];
+  return typeof kind === "string" ? kind : undefined;
+}
+const ENTITY_KIND = Symbol.for("drizzle:entityKind");
+
+/** Settles every statement, one after another; after a failure the rest are not sent. */
+export async function sendInOrder(
+  statements: readonly Statement[],
+  run: (statement: Statement) => Promise<Answer>,
+): Promise<PromiseSettledResult<Answer>[]> {
+  const settled: PromiseSettledResult<Answer>[] = [];
+  for (const statement of statements) {
+    if (settled.some((s) => s.status === "rejected")) {
+      settled.push({ status: "rejected", reason: new Error("not sent: an earlier statement failed") });
+      continue;
+    }
+    try {
+      settled.push({ status: "fulfilled", value: await run(statement) });
+    } catch (reason) {
+      settled.push({ status: "rejected", reason });
+    }
+  }
+  return settled;
+}

@@ -1,0 +1,106 @@
+/**
+ * node-postgres (`pg`). A client of the pool per work transaction; BEGIN, the
+ * settings, the ordering lock and the fence go out one after another (pg
+ * queues a client's queries and sends each after the previous answer). pg
+ * does not expose a session's transaction status, so the commit is proven by
+ * the transaction id; pg never reconnects a client, so a closed socket fails
+ * every later query.
+ */
+import { InvalidConfigError } from "../../errors.ts";
+import {
+  type Answer,
+  type Driver,
+  type DriverConnection,
+  type DrizzleInternals,
+  type Gate,
+  type Statement,
+  sendInOrder,
+  sessionKind,
+} from "../driver.ts";
+
+interface PgResult {
+  rows: Record<string, unknown>[];
+  command?: string;
+}
+interface PgQuerier {
+  query(config: unknown, params?: unknown[]): Promise<PgResult>;
+}
+interface PoolClient extends PgQuerier {
+  /** With an error: the pool removes the client and ends it. */
+  release(destroy?: Error | boolean): void;
+  connection?: { stream?: { destroy(): void } };
+}
+interface PgPool extends PgQuerier {
+  connect(): Promise<PoolClient>;
+}
+
+export function nodePostgresDriver(db: unknown): Driver | undefined {
+  const internals = db as DrizzleInternals;
+  if (sessionKind(internals) !== "NodePgSession") return undefined;
+  const pool = internals.$client as PgPool | undefined;
+  // A single pg.Client is one session shared by every caller: two work
+  // transactions on it would run inside each other.
+  if (typeof pool?.connect !== "function" || typeof (pool as { totalCount?: unknown }).totalCount !== "number") {
+    throw new InvalidConfigError(
+      "the harness needs a pg.Pool (drizzle({ client: new pg.Pool(…) })): a single pg.Client is one session, and concurrent jobs would share its transaction",
+    );
+  }
+  return {
+    name: "node-postgres",
+    provesByStatus: false,
+    Session: internals.session.constructor as Driver["Session"],
+    drizzle: { dialect: internals.dialect, schema: internals.session.schema, options: internals.session.options ?? {} },
+    acquire: () => pool.connect().then(connection),
+  };
+}
+
+function connection(client: PoolClient): DriverConnection {
+  // pg throws at a second release: the engine may destroy a connection from
+  // a timer and again when the run ends.
+  let released = false;
+  const run = ({ text, params }: Statement): Promise<Answer> =>
+    client.query(text, params ? [...params] : undefined).then(answer);
+  return {
+    start: (settings, statements) =>
+      sendInOrder([{ text: `begin; ${settings}` }, ...statements], run).then(([begun, ...rest]) =>
+        begun?.status === "rejected" ? rest.map(() => begun) : rest,
+      ),
+    query: run,
+    transactionStatus: () => null,
+    commit: () => client.query("commit").then((r) => r.command),
+    rollback: () => client.query("rollback").then((r) => r.command),
+    release: () => {
+      if (released) return;
+      released = true;
+      client.release();
+    },
+    destroy: () => {
+      if (released) return;
+      released = true;
+      // The socket first: release(error) alone ends the client politely,
+      // after whatever is in flight on it.
+      client.connection?.stream?.destroy();
+      client.release(new Error("destroyed by the work-transaction engine: its state is unknown"));
+    },
+    handlerClient: (gate) => new GatedClient(client, gate),
+  };
+}
+
+/** A simple query answers once per statement (an array); the last one is BEGIN's settings. */
+function answer(result: PgResult | PgResult[]): Answer {
+  const last = Array.isArray(result) ? result[result.length - 1] : result;
+  return { rows: last?.rows ?? [], command: last?.command };
+}
+
+/** What the handler's session talks to: the client, behind the gate. Its name must not say "Pool" (Drizzle reads it). */
+class GatedClient {
+  constructor(
+    private readonly client: PgQuerier,
+    private readonly gate: Gate,
+  ) {}
+
+  query(config: unknown, params?: unknown[]): Promise<PgResult> {
+    this.gate.check();
+    return this.client.query(config, params);
+  }
+}

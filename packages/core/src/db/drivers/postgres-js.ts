@@ -1,0 +1,155 @@
+/**
+ * postgres.js (production). A reserved connection of the pool per work
+ * transaction: BEGIN, the settings, the ordering lock and the fence go out in
+ * one pipelined round trip, as server-prepared statements, and the handler's
+ * queries are prepared too, as postgres.js does by default (Drizzle prepares
+ * only named queries). See docs/adr/0002-work-transaction-on-postgres-js.md.
+ *
+ * Patched (patches/postgres@3.4.9.patch) so that a reservation whose socket
+ * closed refuses every later query instead of running it on a reconnected
+ * session, and reports the transaction status of its last ReadyForQuery: the
+ * commit is proven by that status. Unpatched, a reservation cannot tell a
+ * reconnected session from its own (porsager/postgres #1208), so the work
+ * transaction runs inside postgres.js's own `begin()` instead, and the commit
+ * is proven by the transaction id.
+ */
+import { PostgresJsSession } from "drizzle-orm/postgres-js/session";
+import {
+  type Answer,
+  type Driver,
+  type DriverConnection,
+  type DrizzleInternals,
+  type Gate,
+  type Statement,
+  sendInOrder,
+  sessionKind,
+  type TransactionStatus,
+} from "../driver.ts";
+import { heldConnection } from "./held.ts";
+
+type Rows = Record<string, unknown>[] & { command?: string };
+interface Querier {
+  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows>;
+}
+interface ReservedClient extends Querier {
+  release(): void;
+  /** From the patch: destroys the connection (its socket), failing every query in flight. */
+  terminate?: () => void;
+  /** From the patch: the transaction status of the last ReadyForQuery ('I', 'T' or 'E'), null once the socket closed. */
+  transactionStatus?: () => string | null;
+}
+interface PgClient extends Querier {
+  reserve(): Promise<ReservedClient>;
+  begin(fn: (sql: Querier) => Promise<unknown>): Promise<unknown>;
+  options?: { prepare?: boolean };
+}
+
+export function postgresJsDriver(db: unknown, options: { readonly pipeline: boolean }): Driver | undefined {
+  const internals = db as DrizzleInternals;
+  if (sessionKind(internals) !== "PostgresJsSession") return undefined;
+  const client = internals.$client as PgClient | undefined;
+  if (typeof client?.reserve !== "function" || typeof client.begin !== "function") return undefined;
+  // A client made with `prepare: false` (e.g. behind a transaction-mode
+  // pooler) must not get named statements from us either.
+  const prepare = client.options?.prepare !== false;
+  const drizzle = {
+    dialect: internals.dialect,
+    schema: internals.session.schema,
+    options: internals.session.options ?? {},
+  };
+  const Session = (prepare ? PreparedPostgresJsSession : PostgresJsSession) as unknown as Driver["Session"];
+  const answer = (rows: Rows): Answer => ({ rows, command: rows.command });
+  const run = (conn: Querier, { text, params }: Statement) =>
+    conn.unsafe(text, params ? [...params] : [], params ? { prepare } : undefined).then(answer);
+
+  const patched: Driver = {
+    name: "postgres.js",
+    provesByStatus: true,
+    Session,
+    drizzle,
+    async acquire() {
+      const conn = await client.reserve();
+      if (typeof conn.transactionStatus !== "function" || typeof conn.terminate !== "function") {
+        conn.release();
+        warnUnpatched();
+        return unpatched.acquire();
+      }
+      return reserved(conn);
+    },
+  };
+  const unpatched: Driver = {
+    name: "postgres.js",
+    provesByStatus: false,
+    Session,
+    drizzle,
+    acquire: () =>
+      heldConnection<Querier>((inside) => client.begin(inside), {
+        query: run,
+        exec: (sql, text) => sql.unsafe(text),
+        handlerClient: (sql, gate) => new GatedClient(sql, gate),
+        // begin() resolves once COMMIT answered; the engine proved before it
+        // that the transaction was open and not failed.
+        committed: (outcome) => (outcome.status === "fulfilled" ? "COMMIT" : undefined),
+      }),
+  };
+
+  function reserved(conn: ReservedClient): DriverConnection {
+    return {
+      start(settings, statements) {
+        const all: Statement[] = [{ text: `begin; ${settings}` }, ...statements];
+        const settled = options.pipeline
+          ? Promise.allSettled(all.map((s) => run(conn, s)))
+          : sendInOrder(all, (s) => run(conn, s));
+        return settled.then(([begun, ...rest]) => (begun?.status === "rejected" ? rest.map(() => begun) : rest));
+      },
+      query: (statement) => run(conn, statement),
+      transactionStatus: () => (conn.transactionStatus?.() ?? null) as TransactionStatus | null,
+      commit: () => conn.unsafe("commit", [], { prepare }).then((rows) => rows.command),
+      rollback: () => conn.unsafe("rollback").then((rows) => rows.command),
+      release: () => conn.release(),
+      destroy: () => conn.terminate?.(),
+      handlerClient: (gate) => new GatedClient(conn, gate),
+    };
+  }
+  return patched;
+}
+
+let warnedUnpatched = false;
+function warnUnpatched(): void {
+  if (warnedUnpatched) return;
+  warnedUnpatched = true;
+  process.emitWarning(
+    "@softcrum/core: postgres.js is not patched (patches/postgres@3.4.9.patch); the work transaction runs inside postgres.js's begin(), without pipelining, and proves its commit by transaction id (porsager/postgres #1208)",
+  );
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: Drizzle's session constructor and prepareQuery are generic over types this file does not know.
+type AnyArgs = any[];
+// biome-ignore lint/suspicious/noExplicitAny: see above.
+const SessionBase = PostgresJsSession as unknown as new (...args: AnyArgs) => { prepareQuery(...args: AnyArgs): any };
+
+/**
+ * The handler's queries are server-prepared (postgres.js caches them per
+ * connection by their text), where Drizzle only prepares queries given a name.
+ */
+class PreparedPostgresJsSession extends SessionBase {
+  override prepareQuery(query: unknown, fields: unknown, name: string | undefined, ...rest: AnyArgs) {
+    return super.prepareQuery(query, fields, name ?? "", ...rest);
+  }
+}
+
+/** What the handler's session talks to: the connection, behind the gate. A class: no functions made per job. */
+class GatedClient {
+  constructor(
+    private readonly conn: Querier,
+    private readonly gate: Gate,
+  ) {}
+
+  // Returns postgres.js's own pending query: Drizzle calls .values() on it
+  // before it runs. Drizzle calls this inside async functions, so the
+  // refusal reaches the handler as a rejected query.
+  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows> {
+    this.gate.check();
+    return this.conn.unsafe(query, params, options);
+  }
+}

@@ -1,0 +1,433 @@
+/**
+ * The work-transaction engine's contract (#18): the same SPEC §4 outcomes and
+ * the same fault cases on every driver (postgres.js, node-postgres, PGlite),
+ * each on a database whose default isolation level is read committed,
+ * repeatable read or serializable. Cases that need other sessions (lock
+ * waits, racing transactions) run on the server drivers; PGlite is one
+ * in-process session.
+ */
+import { sql } from "drizzle-orm";
+import { afterEach, describe, expect, test } from "vitest";
+import { z } from "zod";
+import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
+import { effects, silentLogger } from "../../test/fixtures.ts";
+import { bindConsumer, type ConsumerDefinition, defineConsumer } from "../consumer.ts";
+import { createEnvelope, type Envelope } from "../envelope.ts";
+import { PermanentError, RateLimitedError } from "../errors.ts";
+import { decideDeadLetter } from "./work-transaction.ts";
+
+const matrix = useDriverMatrix("engine-contract");
+
+const schema = z.object({ n: z.number().int() });
+let seq = 0;
+function consumer(
+  handle: ConsumerDefinition<typeof schema>["handle"],
+  extra: Partial<ConsumerDefinition<typeof schema>> = {},
+) {
+  seq += 1;
+  return defineConsumer({
+    name: `contract.c${seq}`,
+    queue: `contract.q${seq}`,
+    kind: "test.v1",
+    schema,
+    handle,
+    ...extra,
+  });
+}
+/** A consumer whose handler writes one effect per run and counts its runs. */
+function counting(extra: Partial<ConsumerDefinition<typeof schema>> = {}) {
+  const counter = { runs: 0 };
+  const definition = consumer(async (data, { tx, envelope }) => {
+    counter.runs += 1;
+    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+  }, extra);
+  return { definition, counter };
+}
+const job = (n = 1) => createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } });
+const body = (e: Envelope) => JSON.stringify(e);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function stateOf(c: DriverCase, jobId: string) {
+  const [row] = await c.rows<{ effects: number; fences: number; letters: number }>(
+    `select (select count(*)::int from test_effects where job_id = $1::uuid) as effects,
+            (select count(*)::int from core.processed_jobs where job_id = $1::uuid) as fences,
+            (select count(*)::int from core.dead_letters where job_id = $1::text and status = 'pending_review') as letters`,
+    [jobId],
+  );
+  return row;
+}
+
+/** Rows of a `tx.execute` result, whichever driver made it. */
+function rowsOf<T>(result: unknown): T[] {
+  return (Array.isArray(result) ? result : ((result as { rows?: unknown[] }).rows ?? [])) as T[];
+}
+
+/** Waits until some backend of the case's database is blocked on a lock. */
+async function someoneWaitsOnALock(c: DriverCase) {
+  for (let i = 0; i < 500; i++) {
+    const [row] = await c.rows<{ n: number }>(
+      "select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'",
+    );
+    if ((row?.n ?? 0) > 0) return;
+    await sleep(10);
+  }
+  throw new Error("no session ever waited on a lock");
+}
+
+describe.each(matrix)("on %s", (c) => {
+  test("the database default really is the one this case names (the suite's own setup)", async () => {
+    const db = c.db(1);
+    const [row] = rowsOf<{ level: string }>(
+      await db.execute(sql`select current_setting('default_transaction_isolation') as level`),
+    );
+    expect(row?.level).toBe(c.isolation);
+  });
+
+  describe("SPEC §4 outcomes", () => {
+    test("a job commits its effect and its fence once; a redelivery is a duplicate that runs nothing", async () => {
+      const { definition, counter } = counting();
+      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+      const e = job(1);
+      expect(await bound.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "success", ack: true });
+      expect(await bound.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({
+        outcome: "duplicate",
+        ack: true,
+      });
+      expect(counter.runs).toBe(1);
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    });
+
+    test("8 deliveries of one job at once, on connections of their own: exactly one effect", async () => {
+      const { definition } = counting();
+      const e = job(2);
+      const outcomes = await Promise.all(
+        Array.from({ length: 8 }, () =>
+          bindConsumer(definition, { db: c.db(1), logger: silentLogger })
+            .deliver({ body: body(e), deliveryCount: 1 })
+            .then((r) => r.outcome),
+        ),
+      );
+      expect(outcomes.filter((o) => o === "success")).toHaveLength(1);
+      expect(outcomes.filter((o) => o === "duplicate")).toHaveLength(7);
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    });
+
+    test("a handler that fails after writing leaves neither its effect nor the fence; the retry applies it once", async () => {
+      let fail = true;
+      const definition = consumer(async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        if (fail) throw new Error("partner down");
+      });
+      const bound = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
+      const e = job(3);
+      expect(await bound.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({
+        outcome: "retry",
+        spendsAttempt: true,
+      });
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+      fail = false;
+      expect(await bound.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "success" });
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    });
+
+    test("a PermanentError dead-letters at once; the last attempt's failure dead-letters as exhausted", async () => {
+      const permanent = consumer(async () => {
+        throw new PermanentError("account closed");
+      });
+      const e = job(4);
+      expect(
+        await bindConsumer(permanent, { db: c.db(1), logger: silentLogger }).deliver({
+          body: body(e),
+          deliveryCount: 1,
+        }),
+      ).toMatchObject({ outcome: "dead_lettered", errorClass: "permanent", ack: true });
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+
+      const transient = consumer(async () => {
+        throw new Error("still down");
+      });
+      const last = job(5);
+      expect(
+        await bindConsumer(transient, { db: c.db(1), logger: silentLogger }).deliver({
+          body: body(last),
+          deliveryCount: 5,
+        }),
+      ).toMatchObject({ outcome: "dead_lettered", errorClass: "exhausted" });
+      expect(await stateOf(c, last.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+    });
+
+    test("poison is dead-lettered with zero retries and never reaches the handler", async () => {
+      const { definition, counter } = counting();
+      const bound = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
+      const bad = { ...job(6), data: { n: "six" } };
+      expect(await bound.deliver({ body: JSON.stringify(bad), deliveryCount: 1 })).toMatchObject({
+        outcome: "poison",
+        ack: true,
+      });
+      expect(counter.runs).toBe(0);
+      expect(await stateOf(c, bad.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+    });
+
+    test("a rate limit rolls back, spends no attempt and is never dead-lettered, even on the last attempt", async () => {
+      const definition = consumer(async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        throw new RateLimitedError("slow down", { retryAfterMs: 2_000 });
+      });
+      const e = job(7);
+      expect(
+        await bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+          body: body(e),
+          deliveryCount: 5,
+        }),
+      ).toMatchObject({ outcome: "rate_limited", spendsAttempt: false, ack: false });
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+    });
+  });
+
+  describe("the work transaction", () => {
+    test("runs at READ COMMITTED with the harness's server-side bounds, whatever the database default", async () => {
+      let seen: Record<string, unknown> | undefined;
+      const definition = consumer(
+        async (_data, { tx }) => {
+          [seen] = rowsOf(
+            await tx.execute(sql`select current_setting('transaction_isolation') as isolation,
+              current_setting('statement_timeout') as statement_timeout,
+              current_setting('idle_in_transaction_session_timeout') as idle_timeout`),
+          );
+        },
+        { timeoutMs: 4_000 },
+      );
+      const e = job(8);
+      expect(
+        await bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+          body: body(e),
+          deliveryCount: 1,
+        }),
+      ).toMatchObject({ outcome: "success" });
+      expect(seen).toEqual({ isolation: "read committed", statement_timeout: "5s", idle_timeout: "5s" });
+    });
+
+    test("a tighter statement_timeout the session already has is kept, never loosened", async () => {
+      let seen: unknown;
+      const definition = consumer(
+        async (_data, { tx }) => {
+          [seen] = rowsOf(await tx.execute(sql`select current_setting('statement_timeout') as value`));
+        },
+        { timeoutMs: 10_000 },
+      );
+      const db = c.db(1);
+      // The session's own bound (a role's or a connection's works the same way).
+      await db.execute(sql`set statement_timeout = '700ms'`);
+      try {
+        expect(
+          await bindConsumer(definition, { db, logger: silentLogger }).deliver({
+            body: body(job(9)),
+            deliveryCount: 1,
+          }),
+        ).toMatchObject({
+          outcome: "success",
+        });
+        expect(seen).toEqual({ value: "700ms" });
+      } finally {
+        await db.execute(sql`reset statement_timeout`);
+      }
+    });
+
+    test("a nested tx.transaction() is a savepoint: its failure rolls back only its own writes", async () => {
+      const definition = consumer(async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "outer", amount: data.n });
+        await tx
+          .transaction(async (sp) => {
+            await sp.insert(effects).values({ jobId: envelope.job_id, consumer: "inner", amount: data.n });
+            throw new Error("inner fails");
+          })
+          .catch(() => {});
+      });
+      const e = job(10);
+      expect(
+        await bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+          body: body(e),
+          deliveryCount: 1,
+        }),
+      ).toMatchObject({ outcome: "success" });
+      expect(await c.rows("select consumer from test_effects where job_id = $1::uuid", [e.job_id])).toEqual([
+        { consumer: "outer" },
+      ]);
+    });
+
+    test("a savepoint, a query builder and a prepared query the handler keeps past its timeout write nothing anywhere; the retry commits once", async () => {
+      let late: Promise<unknown[]> | undefined;
+      let firstRun = true;
+      const definition = consumer(
+        async (data, { tx, envelope }) => {
+          if (!firstRun) {
+            await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+            return;
+          }
+          firstRun = false;
+          const row = (who: string) => ({ jobId: envelope.job_id, consumer: who, amount: data.n });
+          let kept: typeof tx | undefined;
+          let release!: () => void;
+          const held = new Promise<void>((r) => {
+            release = r;
+          });
+          // The savepoint's callback never returns within the run: it keeps `sp` open.
+          void tx
+            .transaction(async (sp) => {
+              kept = sp;
+              await held;
+            })
+            .catch(() => {});
+          await sleep(50);
+          const builder = tx.insert(effects).values(row("builder"));
+          const prepared = tx.insert(effects).values(row("prepared")).prepare("contract_late_insert");
+          await sleep(350); // past timeoutMs: the run is over
+          late = Promise.all(
+            [() => kept?.insert(effects).values(row("savepoint")), () => builder, () => prepared.execute()].map(
+              (write) =>
+                Promise.resolve()
+                  .then(write)
+                  .then(
+                    () => "written",
+                    (error: unknown) => error,
+                  ),
+            ),
+          );
+          release();
+        },
+        { timeoutMs: 200 },
+      );
+      const bound = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
+      const e = job(11);
+      expect(await bound.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "retry" });
+      await sleep(300);
+      for (const result of (await late) ?? ["never tried"]) {
+        expect(String((result as { cause?: unknown })?.cause ?? result)).toMatch(
+          /WorkTransactionOverError|work transaction is over/,
+        );
+      }
+      expect(await bound.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "success" });
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    });
+
+    test("a handler that catches the error of a failed statement is not acknowledged: nothing was written", async () => {
+      const definition = consumer(async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        await tx.execute(sql`select 1/0`).catch(() => {});
+      });
+      const e = job(12);
+      const result = await bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+        body: body(e),
+        deliveryCount: 1,
+      });
+      expect(result.outcome).toBe("retry");
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+    });
+
+    test("a handler that ends the transaction itself (COMMIT through tx) is not a success; the redelivery is a duplicate", async () => {
+      const definition = consumer(async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        await tx.execute(sql`commit`);
+      });
+      const bound = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
+      const e = job(13);
+      const first = await bound.deliver({ body: body(e), deliveryCount: 1 });
+      expect(first.outcome).not.toBe("success");
+      expect(await bound.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "duplicate" });
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    });
+  });
+
+  if (c.server)
+    describe("against other sessions", () => {
+      const holders: (() => Promise<unknown>)[] = [];
+      afterEach(async () => {
+        await Promise.all(holders.splice(0).map((release) => release()));
+      });
+
+      test("a delivery whose fence insert waits on a dead-letter decision in flight sees the letter it commits: the handler never runs, nothing commits", async () => {
+        const { definition, counter } = counting();
+        const e = job(14);
+        let release = () => {};
+        const held = new Promise<void>((r) => {
+          release = r;
+        });
+        let holding = () => {};
+        const isHolding = new Promise<void>((r) => {
+          holding = r;
+        });
+        const decision = decideDeadLetter(c.db(1), { jobId: e.job_id, consumer: definition.name }, async (tx) => {
+          await tx.execute(sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+          values (gen_random_uuid(), ${e.job_id}, ${definition.queue}, ${definition.name}, ${body(e)}, 5, 'the earlier attempts failed', 'exhausted')`);
+          holding();
+          await held;
+        });
+        await isHolding;
+        const delivery = bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+          body: body(e),
+          deliveryCount: 1,
+        });
+        await someoneWaitsOnALock(c);
+        release();
+        expect(await decision).toMatchObject({ status: "written" });
+        expect(await delivery).toMatchObject({ outcome: "dead_lettered", errorClass: "exhausted" });
+        expect(counter.runs).toBe(0);
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+      });
+
+      test("two handlers that deadlock each other: the one the server picks is retried, and both jobs end with one effect", async () => {
+        await c.rows("create table if not exists contract_accounts (id int primary key, balance int not null)");
+        await c.rows("truncate contract_accounts");
+        await c.rows("insert into contract_accounts values (1, 0), (2, 0)");
+        let arrived = 0;
+        let bothIn!: () => void;
+        const together = new Promise<void>((r) => {
+          bothIn = r;
+        });
+        const definition = consumer(
+          async (data, { tx, envelope, attempt }) => {
+            const [first, second] = data.n === 1 ? [1, 2] : [2, 1];
+            // The server looks for the deadlock after this long (the default is 1 s).
+            await tx.execute(sql`set local deadlock_timeout = '100ms'`);
+            await tx.execute(sql`update contract_accounts set balance = balance + 1 where id = ${first}`);
+            if (attempt === 1) {
+              arrived += 1;
+              if (arrived === 2) bothIn();
+              await together;
+            }
+            await tx.execute(sql`update contract_accounts set balance = balance + 1 where id = ${second}`);
+            await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          },
+          { timeoutMs: 10_000 },
+        );
+        const a = job(1);
+        const b = job(2);
+        const results = await Promise.all(
+          [a, b].map((e) =>
+            bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+              body: body(e),
+              deliveryCount: 1,
+            }),
+          ),
+        );
+        expect(results.map((r) => r.outcome).sort()).toEqual(["retry", "success"]);
+        const loser = results[0]?.outcome === "retry" ? a : b;
+        expect(results.find((r) => r.outcome === "retry")).toMatchObject({
+          spendsAttempt: true,
+          error: expect.stringMatching(/deadlock/),
+        });
+        expect(
+          await bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+            body: body(loser),
+            deliveryCount: 2,
+          }),
+        ).toMatchObject({ outcome: "success" });
+        expect(await stateOf(c, a.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+        expect(await stateOf(c, b.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+        expect(await c.rows("select balance from contract_accounts order by id")).toEqual([
+          { balance: 2 },
+          { balance: 2 },
+        ]);
+      });
+    });
+});

@@ -1,0 +1,37 @@
+/** What the work-transaction engine throws; the harness reads these to decide a delivery's outcome. */
+
+/** Thrown when the handler never started: no connection, BEGIN, lock or fence failed. No attempt was spent. */
+export class WorkNotStartedError extends Error {
+  constructor(cause: unknown) {
+    super(`the handler did not start: ${cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause)}`, {
+      cause,
+    });
+    this.name = "WorkNotStartedError";
+  }
+}
+
+/** The handler ran past its `timeoutMs`; its transaction was abandoned. Transient: the job is retried. */
+export class HandlerTimeoutError extends Error {
+  constructor(timeoutMs: number) {
+    super(`the handler did not finish within timeoutMs (${timeoutMs} ms); its transaction was rolled back`);
+    this.name = "HandlerTimeoutError";
+  }
+}
+
+/** The commit could not be proven to be this job's transaction; it is treated as a failure (the fence decides later). */
+export class UnprovenCommitError extends Error {
+  constructor(reason: string) {
+    super(`the work transaction's commit is not proven: ${reason}`);
+    this.name = "UnprovenCommitError";
+  }
+}
+
+/** Thrown at a handler that sends a query after its run ended (timed out, failed, or finished). */
+export class WorkTransactionOverError extends Error {
+  constructor() {
+    super(
+      "the work transaction is over (the handler finished, failed or timed out): nothing more can run in it; await every query before returning",
+    );
+    this.name = "WorkTransactionOverError";
+  }
+}
