@@ -5,6 +5,7 @@
  * schemas.
  */
 import { createHash } from "node:crypto";
+import { eq } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
 import { z } from "zod";
 import { effects, recordingAlerts, recordingMetrics, silentLogger, useEffectsDatabase } from "../test/fixtures.ts";
@@ -258,7 +259,7 @@ describe("one poison message, one letter (#8 item 6)", () => {
     while (!settled) {
       const [row] = await pg.sql<{ n: number }[]>`
         select count(*)::int as n from pg_stat_activity
-        where datname = current_database() and wait_event_type = 'Lock' and query like 'insert into "core"."dead_letters"%'`;
+        where datname = current_database() and wait_event_type = 'Lock' and query like '%insert into core.dead_letters as d %'`;
       if (row?.n === 8) break;
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
@@ -320,6 +321,86 @@ describe("one poison message, one letter (#8 item 6)", () => {
       ["pending_review", 1],
     ]);
   });
+});
+
+describe("a letter folds copies of the same bytes only (#18 item 4)", () => {
+  test.each([
+    ["empty", ""],
+    ["NUL", "\u0000"],
+    ["'undefined'", "undefined"],
+    ["70 KB", "x".repeat(70_000)],
+    ["a UUID v4", "0b4bd1d4-9d5b-4c5e-8f0a-3d1c8f2b6a11"],
+  ])(
+    "poison whose job_id is %s (not a UUID v7): each payload is a letter of its own, copies of one payload fold",
+    async (_name, badId) => {
+      const consumer = consumerOf(awardSchema);
+      const bound = bindConsumer(consumer, deps());
+      // Two jobs of a producer bug that sends one placeholder id for every job, and a copy of the first.
+      const first = JSON.stringify({ ...envelopeOf({ customerId: "c-1", points: 10 }), job_id: badId });
+      const second = JSON.stringify({ ...envelopeOf({ customerId: "c-2", points: 20 }), job_id: badId });
+      for (const body of [first, second, first]) {
+        expect(await bound.deliver({ body, deliveryCount: 1 })).toMatchObject({ outcome: "poison", ack: true });
+      }
+      const rows = await pg.db
+        .select()
+        .from(deadLetters)
+        .where(eq(deadLetters.consumer, consumer.name))
+        .orderBy(deadLetters.createdAt, deadLetters.id);
+      const text = (r: (typeof rows)[number]) =>
+        r.payloadEncoding === "base64" ? Buffer.from(r.payload, "base64").toString("utf8") : r.payload;
+      expect(rows.map((r) => [text(r), r.occurrences, r.jobId])).toEqual([
+        [first, 2, null],
+        [second, 1, null],
+      ]);
+      expect(rows[0]?.lastError).toMatch(/job_id/);
+    },
+  );
+
+  test("a valid job_id that arrives again with other bytes is one letter, and each payload's evidence is kept exactly", async () => {
+    const consumer = consumerOf(awardSchema);
+    const bound = bindConsumer(consumer, deps());
+    const job = envelopeOf({ customerId: "c-1", points: "ten" });
+    const a = JSON.stringify(job);
+    const b = JSON.stringify({ ...job, data: { customerId: "c-1", points: "eleven" } });
+    const c = ` ${a}`; // the same JSON, other bytes
+    for (const body of [a, b, b, c]) {
+      expect(await bound.deliver({ body, deliveryCount: 1 })).toMatchObject({ outcome: "poison" });
+    }
+    const rows = await letters();
+    expect(rows.map((r) => [r.jobId, r.payload, r.occurrences])).toEqual([[job.job_id, a, 4]]);
+    const ops = createOps({
+      db: pg.db,
+      queue: { publish: async () => ({ messageId: null }), schedule: async () => ({ messageId: null }) },
+    });
+    const detail = await ops.deadLetters.get(rows[0]?.id as string);
+    expect(detail.otherPayloads.map((o) => [o.payloadText, o.occurrences])).toEqual([
+      [b, 2],
+      [c, 1],
+    ]);
+    expect(detail.otherPayloads[0]?.lastError).toMatch(/invalid data/);
+  });
+
+  test("2,000 fuzzed poison bodies through the in-process queue: one letter per distinct payload, none folded into another's", async () => {
+    const consumer = consumerOf(awardSchema);
+    const queue = createMemoryQueue({ clock: createManualClock() });
+    const placeholders = ["", "undefined", "null", "\u0000", "0", "job"];
+    const bodies = Array.from({ length: 2_000 }, (_, i) =>
+      i % 3 === 0
+        ? `{"broken ${i}`
+        : JSON.stringify({
+            ...envelopeOf({ customerId: `c-${i}`, points: i }),
+            job_id: placeholders[i % placeholders.length],
+          }),
+    );
+    queue.subscribe(bindConsumer(consumer, deps()));
+    for (const body of bodies) await queue.publishRaw(consumer.queue, body);
+    await queue.drain();
+    await queue.close();
+    const [row] = await pg.sql<{ letters: number; distinct_payloads: number; occurrences: number }[]>`
+      select count(*)::int as letters, count(distinct payload)::int as distinct_payloads, sum(occurrences)::int as occurrences
+      from core.dead_letters where consumer = ${consumer.name}`;
+    expect(row).toEqual({ letters: 2_000, distinct_payloads: 2_000, occurrences: 2_000 });
+  }, 60_000);
 });
 
 describe("honest evidence after a failed dead-letter write (#8 item 7)", () => {

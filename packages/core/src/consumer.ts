@@ -13,7 +13,7 @@ import { sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import type { z } from "zod";
 import { alertErrorFields } from "./alerts/redact.ts";
-import { type DeadLetterErrorClass, deadLetters, LAST_ERROR_MAX } from "./db/schema.ts";
+import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
 import {
   decideDeadLetter,
@@ -21,7 +21,7 @@ import {
   WorkNotStartedError,
   workTransactionFor,
 } from "./db/work-transaction.ts";
-import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, jobCreatedAt } from "./envelope.ts";
+import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, isJobId, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { LruMap } from "./lru-map.ts";
 import { createOutboxWriter, type Outbox } from "./outbox/writer.ts";
@@ -751,51 +751,53 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return this.#afterDeadLetter(input, written);
   }
 
-  /** Inserts the row (or counts one more occurrence of the pending one); throws when it cannot. */
+  /**
+   * Inserts the letter, or counts one more occurrence of the pending one;
+   * throws when it cannot. A letter folds copies of the same bytes only:
+   * - keyed by (job_id, consumer) when the payload carried a valid job_id
+   *   (at most one pending letter per job, the fence's rule); a copy of that
+   *   job with other bytes is one more occurrence of the letter, and its
+   *   payload is kept in `core.dead_letter_payloads`, once per distinct
+   *   payload, in the same statement;
+   * - keyed by (consumer, payload_sha256) otherwise: a missing or invalid
+   *   job_id is evidence (it is in the payload), never an identity, so
+   *   another job's payload carrying the same bad id is a letter of its own.
+   */
   async #writeDeadLetter(input: DeadLetterInput, executor: AnyPgDatabase | WorkTransaction): Promise<DeadLetterWrite> {
     const error = boundedText(this.#withUnwrittenEvidence(input), LAST_ERROR_MAX) ?? "unknown error";
-    const jobId = boundedText(input.envelope.job_id, ENVELOPE_FIELD_MAX);
+    const jobId = isJobId(input.envelope.job_id) ? input.envelope.job_id.toLowerCase() : null;
     const row = {
-      id: uuidv7(),
       jobId,
-      queue: this.queue,
-      consumer: this.name,
-      payload: input.received.text,
-      payloadEncoding: input.received.encoding,
-      payloadSha256: payloadSha256(input.received),
-      attempts: input.attempts,
-      lastError: error,
-      errorClass: input.errorClass,
       tenantId: boundedText(input.envelope.tenant_id, ENVELOPE_FIELD_MAX),
       correlationId: boundedText(input.envelope.correlation_id, ENVELOPE_FIELD_MAX),
       kind: boundedText(input.envelope.kind, ENVELOPE_FIELD_MAX),
     };
-    // At most one pending_review row per (job, consumer): a second failure of
-    // the same job while it waits for review updates that row's evidence.
-    // Without a job_id, the same bytes are the same message: copies
-    // redelivered after a lost ack (even under a new transport message id)
-    // update one letter instead of each writing and alerting.
-    const set = {
-      occurrences: sql`${deadLetters.occurrences} + 1`,
-      lastSeenAt: sql`now()`,
-      lastError: sql`excluded.last_error`,
-      attempts: sql`excluded.attempts`,
-    };
-    const insert = executor.insert(deadLetters).values(row);
-    const [written] = await (jobId === null
-      ? insert.onConflictDoUpdate({
-          target: [deadLetters.consumer, deadLetters.payloadSha256],
-          targetWhere: sql`status = 'pending_review' and job_id is null`,
-          set,
-        })
-      : insert.onConflictDoUpdate({
-          target: [deadLetters.jobId, deadLetters.consumer],
-          targetWhere: sql`status = 'pending_review'`,
-          set,
-        })
-    ).returning({ id: deadLetters.id, inserted: sql<boolean>`(xmax = 0)` });
+    const { text: payload, encoding } = input.received;
+    const sha = payloadSha256(input.received);
+    const conflict =
+      jobId === null
+        ? sql`(consumer, payload_sha256) where status = 'pending_review' and job_id is null`
+        : sql`(job_id, consumer) where status = 'pending_review'`;
+    const result = await executor.execute(sql`with letter as (
+  insert into core.dead_letters as d (id, job_id, queue, consumer, payload, payload_encoding, payload_sha256,
+    attempts, last_error, error_class, tenant_id, correlation_id, kind)
+  values (${uuidv7()}, ${jobId}, ${this.queue}, ${this.name}, ${payload}, ${encoding}, ${sha},
+    ${input.attempts}, ${error}, ${input.errorClass}, ${row.tenantId}, ${row.correlationId}, ${row.kind})
+  on conflict ${conflict} do update set occurrences = d.occurrences + 1, last_seen_at = now(),
+    last_error = excluded.last_error, attempts = excluded.attempts
+  returning d.id, (d.xmax = 0) as inserted, d.payload_sha256
+), other_payload as (
+  insert into core.dead_letter_payloads as p (dead_letter_id, payload_sha256, payload, payload_encoding, last_error)
+  select letter.id, ${sha}, ${payload}, ${encoding}, ${error} from letter
+  where not letter.inserted and letter.payload_sha256 is distinct from ${sha}
+  on conflict (dead_letter_id, payload_sha256) do update set occurrences = p.occurrences + 1, last_seen_at = now(),
+    last_error = excluded.last_error
+  returning 1
+)
+select id, inserted from letter`);
+    const [written] = rowsOf<{ id: string; inserted: boolean }>(result);
     if (!written) throw new Error("dead letter insert returned no row"); // unreachable: upsert always returns one
-    return { ...written, row, error };
+    return { id: written.id, inserted: written.inserted, row, error };
   }
 
   #afterDeadLetter(input: DeadLetterInput, written: DeadLetterWrite): DeliveryResult {
@@ -1040,4 +1042,11 @@ function boundedText(value: string | undefined, max: number): string | null {
   if (value === undefined) return null;
   const clean = value.replaceAll("\u0000", "");
   return clean.length > max ? `${clean.slice(0, max - 1)}…` : clean;
+}
+
+/** Rows of an `execute` result, whichever driver made it (postgres.js: an array; node-postgres/PGlite: `.rows`). */
+function rowsOf<T>(result: unknown): T[] {
+  if (Array.isArray(result)) return result as T[];
+  const rows = (result as { rows?: unknown })?.rows;
+  return Array.isArray(rows) ? (rows as T[]) : [];
 }

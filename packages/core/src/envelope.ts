@@ -78,6 +78,11 @@ export function formatIssues(error: z.ZodError): string[] {
   return error.issues.map((issue) => `${issue.path.length > 0 ? issue.path.join(".") : "envelope"}: ${issue.message}`);
 }
 
+/** Whether `value` is a job id the envelope accepts (a UUID v7, any case). */
+export function isJobId(value: unknown): value is string {
+  return typeof value === "string" && envelopeSchema.shape.job_id.safeParse(value).success;
+}
+
 /** Milliseconds since the epoch encoded in a UUID v7 (its first 48 bits): when the job was created. */
 export function jobCreatedAt(jobId: string): number {
   return Number.parseInt(jobId.replaceAll("-", "").slice(0, 12), 16);

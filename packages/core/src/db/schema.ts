@@ -73,7 +73,12 @@ export const deadLetters = core.table(
   "dead_letters",
   {
     id: uuid("id").primaryKey(),
-    /** Null only for poison payloads that carried no readable job_id; then it is the raw value, cut to 200 characters. */
+    /**
+     * The job's id when the payload carried a valid one (UUID v7); null for
+     * poison whose job_id is missing or invalid: an id that fails validation
+     * is evidence (it is in the payload), not an identity, so such letters
+     * are de-duplicated by their bytes only (`payload_sha256`).
+     */
     jobId: text("job_id"),
     queue: text("queue").notNull(),
     consumer: text("consumer").notNull(),
@@ -151,6 +156,40 @@ export const deadLetters = core.table(
   ],
 );
 
+/**
+ * The other payloads of a pending letter: a job_id that arrived again with
+ * bytes other than the letter's (a producer reusing an id, a bad redelivery).
+ * A letter folds copies of the same bytes only; every other payload's
+ * evidence is kept here, one row per distinct payload (SPEC §4: the payload
+ * exactly as received), while the letter stays the job's one identity for
+ * review and replay.
+ */
+export const deadLetterPayloads = core.table(
+  "dead_letter_payloads",
+  {
+    deadLetterId: uuid("dead_letter_id")
+      .notNull()
+      .references(() => deadLetters.id, { onDelete: "cascade" }),
+    payloadSha256: text("payload_sha256").notNull(),
+    payload: text("payload").notNull(),
+    payloadEncoding: text("payload_encoding").notNull(),
+    /** The error of the latest copy of this payload. */
+    lastError: text("last_error").notNull(),
+    occurrences: integer("occurrences").notNull().default(1),
+    firstSeenAt: timestamp("first_seen_at", { withTimezone: true }).notNull().defaultNow(),
+    lastSeenAt: timestamp("last_seen_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.deadLetterId, t.payloadSha256] }),
+    check("dead_letter_payloads_encoding_valid", sql`${t.payloadEncoding} in ('utf8', 'base64')`),
+    check(
+      "dead_letter_payloads_last_error_bounded",
+      sql`char_length(${t.lastError}) <= ${sql.raw(String(LAST_ERROR_MAX))}`,
+    ),
+  ],
+);
+
+export type DeadLetterPayloadRow = typeof deadLetterPayloads.$inferSelect;
 export type DeadLetterRow = typeof deadLetters.$inferSelect;
 export type ProcessedJobRow = typeof processedJobs.$inferSelect;
 

@@ -13,7 +13,7 @@ import { uuidv7 } from "uuidv7";
 import { z } from "zod";
 import { type Clock, systemClock } from "../clock.ts";
 import type { AnyPgDatabase } from "../consumer.ts";
-import { type DeadLetterRow, deadLetters, opsAudit } from "../db/schema.ts";
+import { type DeadLetterRow, deadLetterPayloads, deadLetters, opsAudit } from "../db/schema.ts";
 import { checkEnvelope, type Envelope } from "../envelope.ts";
 import { describeError, InvalidConfigError, isSoftcrumError, OpsError } from "../errors.ts";
 import type { QueuePort, ReplayLanePort } from "../queue-port.ts";
@@ -83,10 +83,29 @@ export interface DeadLetterDetail extends DeadLetterRow {
   readonly envelope: Envelope | null;
   /** Other dead letters of the same job and consumer: earlier failures and failures after replays. */
   readonly related: DeadLetterSummary[];
+  /**
+   * Copies of this job that arrived with other bytes than `payload` while the
+   * letter was pending (`core.dead_letter_payloads`), first seen first: each
+   * distinct payload's evidence, exactly as received.
+   */
+  readonly otherPayloads: OtherPayload[];
   /** Audit entries that name this letter or its batch, oldest first: the first `HISTORY_IN_DETAIL` of them. */
   readonly history: AuditEntry[];
   /** Pass to `history(id, { cursor })` for the entries after these; null when these are all. */
   readonly historyNextCursor: string | null;
+}
+
+/** One other payload of a letter (`core.dead_letter_payloads`). */
+export interface OtherPayload {
+  readonly payloadSha256: string;
+  readonly payload: string;
+  readonly payloadEncoding: string;
+  /** The payload decoded as text (base64 payloads decoded). */
+  readonly payloadText: string;
+  readonly lastError: string;
+  readonly occurrences: number;
+  readonly firstSeenAt: Date;
+  readonly lastSeenAt: Date;
 }
 
 /** One entry of `core.ops_audit`, as a letter's history shows it. */
@@ -282,6 +301,11 @@ export class DeadLetterOperations {
           )
           .orderBy(asc(deadLetters.id))
       : [];
+    const others = await this.db
+      .select()
+      .from(deadLetterPayloads)
+      .where(eq(deadLetterPayloads.deadLetterId, row.id))
+      .orderBy(asc(deadLetterPayloads.firstSeenAt), asc(deadLetterPayloads.payloadSha256));
     const history = await this.#history(row, { limit: HISTORY_IN_DETAIL });
     const decoded = decodePayload(row);
     return {
@@ -289,6 +313,10 @@ export class DeadLetterOperations {
       payloadText: decoded.text,
       envelope: decoded.envelope,
       related,
+      otherPayloads: others.map(({ deadLetterId: _letter, ...other }) => ({
+        ...other,
+        payloadText: decodePayload(other).text,
+      })),
       history: history.items,
       historyNextCursor: history.nextCursor,
     };
