@@ -25,8 +25,13 @@ export interface DriverCase {
   readonly isolation: Isolation;
   /** A real server: other sessions, lock waits and backends that can be terminated. PGlite is one in-process session. */
   readonly server: boolean;
-  /** A Drizzle database on this driver: a pool of its own of `max` connections (PGlite: its one session). */
-  db(max?: number): AnyPgDatabase;
+  /**
+   * A Drizzle database on this driver: a pool of its own of `max`
+   * connections (PGlite: its one session), whose sessions start with
+   * `settings` (connection parameters; PGlite: SET on its session until the
+   * test ends).
+   */
+  db(max?: number, settings?: Readonly<Record<string, string>>): AnyPgDatabase;
   /** Rows of a query for the test's own reads and writes, on another session where there is one. */
   rows<T = Record<string, unknown>>(text: string, params?: readonly unknown[]): Promise<T[]>;
   /** The database's URL (server drivers). */
@@ -89,7 +94,14 @@ export function useDriverMatrix(
           isolation,
           server: false,
           url: "",
-          db: () => ready().db,
+          db: (_max, settings) => {
+            const { client, db } = ready();
+            for (const [name, value] of Object.entries(settings ?? {})) {
+              pools.push(() => client.exec(`reset ${name}`));
+              void client.exec(`set ${name} = '${value}'`);
+            }
+            return db;
+          },
           rows: async <T>(text: string, params?: readonly unknown[]) =>
             (await ready().client.query(text, params ? [...params] : [])).rows as T[],
           toString: () => name,
@@ -104,13 +116,16 @@ export function useDriverMatrix(
         get url() {
           return database.url;
         },
-        db: (max = 4) => {
+        db: (max = 4, settings = {}) => {
           if (driver === "postgres.js") {
-            const client = postgres(database.url, { max, onnotice: () => {} });
+            const client = postgres(database.url, { max, onnotice: () => {}, connection: settings });
             pools.push(() => client.end({ timeout: 5 }));
             return drizzlePostgresJs({ client }) as unknown as AnyPgDatabase;
           }
-          const pool = new pg.Pool({ connectionString: database.url, max });
+          const options = Object.entries(settings)
+            .map(([name, value]) => `-c ${name}=${value}`)
+            .join(" ");
+          const pool = new pg.Pool({ connectionString: database.url, max, ...(options ? { options } : {}) });
           pool.on("error", () => {}); // an idle client whose backend went away: the pool replaces it
           pools.push(() => pool.end());
           return drizzleNodePg({ client: pool }) as unknown as AnyPgDatabase;

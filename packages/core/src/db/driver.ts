@@ -18,11 +18,19 @@ export interface Statement {
   readonly params?: readonly unknown[];
 }
 
-/** What the server answered to one statement. */
-export interface Answer {
-  readonly rows: readonly Record<string, unknown>[];
-  /** The command tag (`COMMIT`, `ROLLBACK`, `INSERT`…), when the driver reports it. */
-  readonly command: string | undefined;
+/**
+ * What the server answered to one statement: its rows, and the command tag
+ * (`COMMIT`, `ROLLBACK`, `INSERT`…) when the driver reports it. postgres.js
+ * answers in this shape already, so its hot path makes no object per statement.
+ */
+export type Answer = readonly Record<string, unknown>[] & { readonly command?: string | undefined };
+
+/** How the engine opens a transaction: the same isolation level, whichever way the driver begins. */
+export interface Opening {
+  /** BEGIN with its options, a simple query: for a driver that sends BEGIN itself. */
+  readonly begin: string;
+  /** The same options for a transaction the driver has already begun (PGlite, postgres.js's `begin()`). */
+  readonly inTransaction: string;
 }
 
 /** The transaction status of a session, from its last ReadyForQuery: idle, in a transaction, in a failed one. */
@@ -31,13 +39,13 @@ export type TransactionStatus = "I" | "T" | "E";
 /** One connection, held by one work transaction from `acquire()` until `release()` or `destroy()`. */
 export interface DriverConnection {
   /**
-   * Opens the transaction: BEGIN, then `settings` (a simple query of SET
-   * statements and set_config calls), then `statements`, in this order, all
-   * sent at once where the driver can pipeline. Settles each of `statements`
-   * (a failed BEGIN or settings fails them all); one after a failed one is
-   * never run outside the transaction.
+   * Opens the transaction (`opening`), then runs `statements` in it, in this
+   * order, all sent at once where the driver can pipeline. Settles the
+   * opening and then each statement (so the result has one more entry than
+   * `statements`); a statement after a failed one is never run outside the
+   * transaction.
    */
-  start(settings: string, statements: readonly Statement[]): Promise<PromiseSettledResult<Answer>[]>;
+  start(opening: Opening, statements: readonly Statement[]): Promise<PromiseSettledResult<Answer>[]>;
   /** One statement in the open transaction (the engine's own checks). */
   query(statement: Statement): Promise<Answer>;
   /**

@@ -35,7 +35,7 @@
 import { sql } from "drizzle-orm";
 import { PgTransaction } from "drizzle-orm/pg-core";
 import { InvalidConfigError } from "../errors.ts";
-import { type Driver, type DriverConnection, Gate } from "./driver.ts";
+import { type Answer, type Driver, type DriverConnection, Gate, type Opening, type Statement } from "./driver.ts";
 import { nodePostgresDriver } from "./drivers/node-postgres.ts";
 import { pgliteDriver } from "./drivers/pglite.ts";
 import { postgresJsDriver } from "./drivers/postgres-js.ts";
@@ -107,15 +107,13 @@ export function driverFor(db: AnyPgDatabase, options: WorkTransactionOptions = {
 
 export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOptions = {}): RunInWorkTransaction {
   const driver = driverFor(db, options);
-  // The settings for the last timeoutMs seen: consumers keep theirs, so they are rarely made again.
-  let settingsFor = { timeoutMs: Number.NaN, text: "" };
+  const openings = new Openings();
   return async (target, work) => {
     const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-    if (settingsFor.timeoutMs !== timeoutMs) settingsFor = { timeoutMs, text: settingsSql(serverTimeoutMs(timeoutMs)) };
     const deadline = new Deadline(timeoutMs);
     try {
       const conn = await acquireWithin(driver, deadline, timeoutMs);
-      return await runOn(driver, conn, settingsFor.text, deadline, timeoutMs, target, work);
+      return await runOn(driver, conn, openings, deadline, timeoutMs, target, work);
     } finally {
       deadline.end();
     }
@@ -148,17 +146,66 @@ const FENCE_XID_SQL = `insert into core.processed_jobs (job_id, consumer, proces
 const OPEN_XID_SQL = "select pg_current_xact_id_if_assigned()::text as xid";
 
 /**
- * What follows BEGIN: the isolation level, then the server-side bounds of the
- * rest of the transaction — a statement that runs too long, and a transaction
- * left idle by a frozen client, which would otherwise hold the fence key, and
- * every redelivery waiting on it, forever. Each bound is `ms` unless the
- * session already has a tighter one (the role's or the connection's), which
- * it keeps. One simple-protocol message with BEGIN, so the settings cost no
- * planning and no round trip; `ms` is an integer (serverTimeoutMs).
+ * How a work transaction opens: at the harness's own isolation level,
+ * whatever the database or role default, with server-side bounds on the rest
+ * of the transaction, set before the ordering lock (so they bound its wait
+ * too): a statement that runs too long, and a transaction left idle by a
+ * frozen client, which would otherwise hold the fence key, and every
+ * redelivery waiting on it, forever. Each bound is the run's own unless the
+ * session already has a tighter one (the role's, the database's or the
+ * connection's), which it keeps.
+ *
+ * The session's bounds are the same on every connection of one pool (one
+ * role, one database, one set of connection options), so the first run
+ * reads them with BOUNDS_SQL (which also sets this transaction's bounds),
+ * and every later run sends its bounds as `set local` in BEGIN's own
+ * simple-protocol message: no planning and no round trip of their own (a
+ * statement of its own per job cost about a tenth of the harness's rate).
  */
-function settingsSql(ms: number): string {
-  return `set transaction isolation level ${WORK_ISOLATION_LEVEL}; select set_config(name, (case when now_ms > 0 and now_ms < ${ms} then ceil(now_ms) else ${ms} end)::bigint || 'ms', true) from (select name, extract(epoch from current_setting(name)::interval) * 1000 as now_ms from unnest(array['statement_timeout', 'idle_in_transaction_session_timeout']) as name) as bounds`;
+class Openings {
+  /** The session's own bounds in ms (0: none), once a run has read them. */
+  #session: { readonly statement: number; readonly idle: number } | undefined;
+  #last: { readonly timeoutMs: number; readonly opening: Opening } | undefined;
+
+  /** The opening for a run with this `timeoutMs`, or undefined while the session's bounds are unknown. */
+  for(timeoutMs: number): Opening | undefined {
+    const session = this.#session;
+    if (session === undefined) return undefined;
+    if (this.#last?.timeoutMs !== timeoutMs) {
+      const ms = serverTimeoutMs(timeoutMs);
+      const bounds = `set local statement_timeout = '${tighter(ms, session.statement)}ms'; set local idle_in_transaction_session_timeout = '${tighter(ms, session.idle)}ms'`;
+      this.#last = {
+        timeoutMs,
+        opening: { begin: `${BEGIN}; ${bounds}`, inTransaction: `${SET_ISOLATION}; ${bounds}` },
+      };
+    }
+    return this.#last.opening;
+  }
+
+  /** What BOUNDS_SQL answered on the first run. */
+  learn(answer: Answer | undefined): void {
+    const row = answer?.[0];
+    const statement = Number(row?.["session_statement_ms"]);
+    const idle = Number(row?.["session_idle_ms"]);
+    if (Number.isFinite(statement) && Number.isFinite(idle)) this.#session = { statement, idle };
+  }
 }
+
+const BEGIN = `begin isolation level ${WORK_ISOLATION_LEVEL}`;
+const SET_ISOLATION = `set transaction isolation level ${WORK_ISOLATION_LEVEL}`;
+const BARE_OPENING: Opening = { begin: BEGIN, inTransaction: SET_ISOLATION };
+
+/** A bound of `ms` that keeps the session's own `sessionMs` when that is tighter (0 is none). */
+function tighter(ms: number, sessionMs: number): number {
+  return sessionMs > 0 && sessionMs < ms ? Math.ceil(sessionMs) : ms;
+}
+
+/** The first run's bounds, set on the server from the session's own (see Openings), which it also returns. */
+const BOUNDS_SQL = `select set_config('statement_timeout', (case when s > 0 and s < $1 then ceil(s) else $1 end)::bigint || 'ms', true),
+  set_config('idle_in_transaction_session_timeout', (case when i > 0 and i < $1 then ceil(i) else $1 end)::bigint || 'ms', true),
+  s as session_statement_ms, i as session_idle_ms
+  from (select extract(epoch from current_setting('statement_timeout')::interval) * 1000 as s,
+    extract(epoch from current_setting('idle_in_transaction_session_timeout')::interval) * 1000 as i) as session_ms`;
 
 /**
  * The server-side bound of a run with this `timeoutMs`, in ms: a second
@@ -168,7 +215,6 @@ function settingsSql(ms: number): string {
  */
 function serverTimeoutMs(timeoutMs: number): number {
   const ms = Math.ceil(timeoutMs) + SERVER_GRACE_MS;
-  // Spliced into settingsSql's text: never anything but an integer.
   if (!Number.isSafeInteger(ms) || ms <= 0)
     throw new RangeError(`timeoutMs must be a positive number, got ${timeoutMs}`);
   return ms;
@@ -305,7 +351,7 @@ type EndState = "idle" | "rollback" | "destroy";
 async function runOn(
   driver: Driver,
   conn: DriverConnection,
-  settings: string,
+  openings: Openings,
   deadline: Deadline,
   timeoutMs: number,
   target: FenceTarget,
@@ -320,20 +366,23 @@ async function runOn(
       // not hold the delivery forever. Past the bound the connection's state
       // is unknown (a statement may still be waiting on the server), so it
       // is destroyed; the delivery is deferred, no attempt spent.
-      const settled = await deadline.within(
-        conn.start(settings, [
-          ...(target.lockKey === undefined ? [] : [{ text: LOCK_SQL, params: [target.lockKey] }]),
-          { text: driver.provesByStatus ? FENCE_SQL : FENCE_XID_SQL, params: [target.jobId, target.consumer] },
-        ]),
-        () => {
-          conn.destroy();
-          return new StartTimeoutError(timeoutMs);
-        },
-      );
+      const opening = openings.for(timeoutMs);
+      const statements: Statement[] = [];
+      if (opening === undefined) statements.push({ text: BOUNDS_SQL, params: [serverTimeoutMs(timeoutMs)] });
+      if (target.lockKey !== undefined) statements.push({ text: LOCK_SQL, params: [target.lockKey] });
+      statements.push({
+        text: driver.provesByStatus ? FENCE_SQL : FENCE_XID_SQL,
+        params: [target.jobId, target.consumer],
+      });
+      const settled = await deadline.within(conn.start(opening ?? BARE_OPENING, statements), () => {
+        conn.destroy();
+        return new StartTimeoutError(timeoutMs);
+      });
       for (const s of settled) if (s.status === "rejected") throw s.reason;
+      if (opening === undefined) openings.learn((settled[1] as PromiseFulfilledResult<Answer> | undefined)?.value);
       const fenced = settled[settled.length - 1];
       if (fenced?.status !== "fulfilled") throw new Error("the fence insert did not answer");
-      fence = fenced.value.rows[0];
+      fence = fenced.value[0];
     } catch (error) {
       if (error instanceof StartTimeoutError) state = "destroy"; // already destroyed: nothing to roll back
       throw new WorkNotStartedError(error);
@@ -389,7 +438,7 @@ async function runOn(
         conn.destroy();
         return new UnprovenCommitError(`no answer to the commit check within ${timeoutMs} ms`);
       });
-      if (open.rows[0]?.["xid"] !== fence.xid) {
+      if (open[0]?.["xid"] !== fence.xid) {
         throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
       }
     }

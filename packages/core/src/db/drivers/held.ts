@@ -52,12 +52,13 @@ export function heldConnection<Tx>(
         return settled;
       };
       return {
-        start: async (settings, statements) => {
+        start: async (opening, statements) => {
           const results: PromiseSettledResult<Answer>[] = [];
           try {
-            await ops.exec(tx, settings);
+            await ops.exec(tx, opening.inTransaction);
+            results.push({ status: "fulfilled", value: [] });
           } catch (reason) {
-            return statements.map((_, i) => (i === 0 ? { status: "rejected", reason } : notSent()));
+            return [{ status: "rejected", reason }, ...statements.map(notSent)];
           }
           for (const statement of statements) {
             if (results.some((r) => r.status === "rejected")) {

@@ -61,10 +61,7 @@ function connection(client: PoolClient): DriverConnection {
   const run = ({ text, params }: Statement): Promise<Answer> =>
     client.query(text, params ? [...params] : undefined).then(answer);
   return {
-    start: (settings, statements) =>
-      sendInOrder([{ text: `begin; ${settings}` }, ...statements], run).then(([begun, ...rest]) =>
-        begun?.status === "rejected" ? rest.map(() => begun) : rest,
-      ),
+    start: (opening, statements) => sendInOrder([{ text: opening.begin }, ...statements], run),
     query: run,
     transactionStatus: () => null,
     commit: () => client.query("commit").then((r) => r.command),
@@ -86,10 +83,10 @@ function connection(client: PoolClient): DriverConnection {
   };
 }
 
-/** A simple query answers once per statement (an array); the last one is BEGIN's settings. */
+/** A simple query of several statements (BEGIN with its settings) answers once per statement: the last one counts. */
 function answer(result: PgResult | PgResult[]): Answer {
   const last = Array.isArray(result) ? result[result.length - 1] : result;
-  return { rows: last?.rows ?? [], command: last?.command };
+  return Object.assign(last?.rows ?? [], { command: last?.command });
 }
 
 /** What the handler's session talks to: the client, behind the gate. Its name must not say "Pool" (Drizzle reads it). */

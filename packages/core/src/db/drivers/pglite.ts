@@ -31,7 +31,7 @@ export function pgliteDriver(db: unknown): Driver | undefined {
     acquire: () =>
       heldConnection<PgliteTx>((inside) => pglite.transaction(inside), {
         query: (tx, { text, params }: Statement): Promise<Answer> =>
-          tx.query(text, params ? [...params] : []).then((r) => ({ rows: r.rows, command: undefined })),
+          tx.query(text, params ? [...params] : []).then((r) => r.rows),
         exec: (tx, text) => tx.exec(text),
         handlerClient: (tx, gate) => new GatedClient(tx, gate),
         // PGlite's transaction() throws TransactionAbortedError when COMMIT answers ROLLBACK.

@@ -20,6 +20,7 @@ import {
   type DriverConnection,
   type DrizzleInternals,
   type Gate,
+  type Opening,
   type Statement,
   sendInOrder,
   sessionKind,
@@ -58,9 +59,8 @@ export function postgresJsDriver(db: unknown, options: { readonly pipeline: bool
     options: internals.session.options ?? {},
   };
   const Session = (prepare ? PreparedPostgresJsSession : PostgresJsSession) as unknown as Driver["Session"];
-  const answer = (rows: Rows): Answer => ({ rows, command: rows.command });
-  const run = (conn: Querier, { text, params }: Statement) =>
-    conn.unsafe(text, params ? [...params] : [], params ? { prepare } : undefined).then(answer);
+  const run = (conn: Querier, { text, params }: Statement): Promise<Answer> =>
+    conn.unsafe(text, params ? (params as unknown[]) : [], params ? { prepare } : undefined);
 
   const patched: Driver = {
     name: "postgres.js",
@@ -93,25 +93,43 @@ export function postgresJsDriver(db: unknown, options: { readonly pipeline: bool
       }),
   };
 
-  function reserved(conn: ReservedClient): DriverConnection {
-    return {
-      start(settings, statements) {
-        const all: Statement[] = [{ text: `begin; ${settings}` }, ...statements];
-        const settled = options.pipeline
-          ? Promise.allSettled(all.map((s) => run(conn, s)))
-          : sendInOrder(all, (s) => run(conn, s));
-        return settled.then(([begun, ...rest]) => (begun?.status === "rejected" ? rest.map(() => begun) : rest));
-      },
-      query: (statement) => run(conn, statement),
-      transactionStatus: () => (conn.transactionStatus?.() ?? null) as TransactionStatus | null,
-      commit: () => conn.unsafe("commit", [], { prepare }).then((rows) => rows.command),
-      rollback: () => conn.unsafe("rollback").then((rows) => rows.command),
-      release: () => conn.release(),
-      destroy: () => conn.terminate?.(),
-      handlerClient: (gate) => new GatedClient(conn, gate),
-    };
-  }
+  const reserved = (conn: ReservedClient) => new ReservedConnection(conn, prepare, options.pipeline);
   return patched;
+}
+
+/** One reserved connection (a class: no functions made per job). */
+class ReservedConnection implements DriverConnection {
+  constructor(
+    private readonly conn: ReservedClient,
+    private readonly prepare: boolean,
+    private readonly pipeline: boolean,
+  ) {}
+
+  start(opening: Opening, statements: readonly Statement[]): Promise<PromiseSettledResult<Answer>[]> {
+    const all: Statement[] = [{ text: opening.begin }, ...statements];
+    return this.pipeline ? Promise.allSettled(all.map((s) => this.query(s))) : sendInOrder(all, (s) => this.query(s));
+  }
+  query({ text, params }: Statement): Promise<Answer> {
+    return this.conn.unsafe(text, params ? (params as unknown[]) : [], params ? { prepare: this.prepare } : undefined);
+  }
+  transactionStatus(): TransactionStatus | null {
+    return (this.conn.transactionStatus?.() ?? null) as TransactionStatus | null;
+  }
+  async commit(): Promise<string | undefined> {
+    return (await this.conn.unsafe("commit", [], { prepare: this.prepare })).command;
+  }
+  async rollback(): Promise<string | undefined> {
+    return (await this.conn.unsafe("rollback")).command;
+  }
+  release(): void {
+    this.conn.release();
+  }
+  destroy(): void {
+    this.conn.terminate?.();
+  }
+  handlerClient(gate: Gate): unknown {
+    return new GatedClient(this.conn, gate);
+  }
 }
 
 let warnedUnpatched = false;
