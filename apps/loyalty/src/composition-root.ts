@@ -63,6 +63,8 @@ export interface LoyaltyModuleOptions extends AwardPointsOptions, NotifyPartnerO
   readonly databaseUrl?: string | null | undefined;
   /** Which queue adapter. @default process.env.SOFTCRUM_QUEUE, else "memory" */
   readonly transport?: LoyaltyTransport;
+  /** The fence TTL the cleanup uses: the harness refuses copies that could outlive it (`HarnessDeps.fenceTtlMs`). @default none */
+  readonly fenceTtlMs?: number;
   /** Vercel Queues settings; unset ones come from the environment. @default {} */
   readonly vercel?: VercelQueueOptions;
   readonly clock?: Clock;
@@ -139,6 +141,7 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
     ...(options.metrics ? { metrics: options.metrics } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
     ...(options.clock ? { now: () => options.clock?.now() ?? Date.now() } : {}),
+    ...(options.fenceTtlMs !== undefined ? { fenceTtlMs: options.fenceTtlMs } : {}),
   };
   const awardConsumer = createAwardPointsConsumer(options);
   const notifyConsumer = createNotifyPartnerConsumer(options);

@@ -110,6 +110,8 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
     notifier: options.notifier,
     metrics,
     ...(alerts ? { alerts } : {}),
+    // One TTL, obeyed by the cleanup below and by the harness.
+    fenceTtlMs: options.fenceTtlMs,
   });
   const ops = createOps({ db: module.db, queue: module.queue, metrics });
   // One depth query per 30 s per process, shared by concurrent collections (#9 item 11).

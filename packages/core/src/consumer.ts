@@ -194,12 +194,39 @@ export interface HarnessDeps {
    */
   readonly pipeline?: boolean;
   /**
+   * The fence TTL, exactly as the fence cleanup is given it (`ttlMs`): the
+   * harness obeys the same law. A copy of a job delivered later than
+   * `fenceTtlMs` minus the consumer's `fenceTtlMarginMs` after the job was
+   * due (`Delivery.dueAt`, else its job_id's time; for an operator's replay,
+   * when it was replayed, while the cleanup keeps that letter's fences) is
+   * not run: its fence, or the fence of a copy that committed, could be
+   * cleaned up before it finished. It is dead-lettered `expired` with that
+   * evidence (a duplicate when a copy committed). Then no combination of
+   * retries, deferrals, lock waits or transport holds can outlive a fence.
+   * @default none (only the cleanup's start-time check guards the TTL)
+   */
+  readonly fenceTtlMs?: number;
+  /**
    * The outbox relay to wake after a job that wrote to `ctx.outbox` commits,
    * so its jobs go out at once rather than at the relay's next poll. Jobs
    * that wrote nothing to the outbox never touch it. @default none (the relay polls)
    */
   readonly outboxRelay?: { wake(): void };
 }
+
+/**
+ * How long before the fence TTL a copy must start, so that it finishes —
+ * every bounded wait of its run (the connection, BEGIN + lock + fence, the
+ * handler, COMMIT: each up to `timeoutMs`), the dead-letter decision — while
+ * the fence it checks still exists; plus an allowance for clocks: the
+ * worker's clock measures a copy's age, the database's stamps and expires
+ * fences.
+ */
+export function fenceTtlMarginMs(consumer: Pick<Consumer, "timeoutMs">): number {
+  return 5 * consumer.timeoutMs + FENCE_TTL_CLOCK_ALLOWANCE_MS;
+}
+/** What fenceTtlMarginMs allows for the difference between the workers' clocks and the database's. */
+export const FENCE_TTL_CLOCK_ALLOWANCE_MS = 300_000;
 
 /** Binds a consumer to its database and ports; the result is what a transport adapter delivers to. */
 export function bindConsumer<TSchema extends z.ZodType>(consumer: Consumer<TSchema>, deps: HarnessDeps): BoundConsumer {
@@ -299,6 +326,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   /** The consumer's `deferralHorizonMs`; the default for a consumer object made without it (not by defineConsumer). */
   readonly #deferralHorizonMs: number;
   readonly #outboxRelay: { wake(): void } | undefined;
+  /** A copy older than this since it was due is not run (HarnessDeps.fenceTtlMs less fenceTtlMarginMs). */
+  readonly #runnableForMs: number | undefined;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
   readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
   readonly #attributesByOutcome = new Map<DeliveryOutcome, JobMetricAttributes>();
@@ -326,6 +355,15 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#now = deps.now ?? Date.now;
     this.#deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
     this.#outboxRelay = deps.outboxRelay;
+    if (deps.fenceTtlMs !== undefined) {
+      const margin = fenceTtlMarginMs(consumer);
+      if (!(Number.isFinite(deps.fenceTtlMs) && deps.fenceTtlMs > 2 * margin)) {
+        throw new InvalidConfigError(
+          `consumer "${consumer.name}": fenceTtlMs must be a number of milliseconds above twice its fence TTL margin (${2 * margin} ms: 5 × timeoutMs + ${FENCE_TTL_CLOCK_ALLOWANCE_MS} ms for clocks), got ${deps.fenceTtlMs}`,
+        );
+      }
+      this.#runnableForMs = deps.fenceTtlMs - margin;
+    }
   }
 
   get maxAttempts(): number {
@@ -370,6 +408,21 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     // acknowledgement: running the handler again could loop forever.
     if (attempt > policy.maxAttempts) {
       return this.#deadLetterUnlessCommitted(this.#pastBudget(attempt, received, envelope));
+    }
+    // The fence TTL is a law the harness obeys too: a copy this old could
+    // outlive the fence it must find, or the one it commits. Replays too:
+    // their due time is when they were replayed.
+    if (this.#runnableForMs !== undefined) {
+      const age = this.#now() - dueAtOf(delivery, envelope);
+      if (age > this.#runnableForMs) {
+        return this.#deadLetterUnlessCommitted({
+          errorClass: "expired",
+          attempts: attempt - 1,
+          error: `job has been due for ${age} ms, past the ${this.#runnableForMs} ms a copy of ${consumer.name}'s jobs may still start within its fence TTL (fenceTtlMs less fenceTtlMarginMs): the handler was not run, because its fence could be cleaned up before the copy finished. If the fence of a copy that committed was already cleaned up, the work was done: check its effect before replaying this letter`,
+          received,
+          envelope,
+        });
+      }
     }
     // Age counts from when the message was due (a job scheduled ahead is not
     // old on arrival); a replay an operator asked for is never expired.

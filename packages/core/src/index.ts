@@ -26,7 +26,7 @@ export type {
   HarnessDeps,
   WorkTransaction,
 } from "./consumer.ts";
-export { bindConsumer, defineConsumer } from "./consumer.ts";
+export { bindConsumer, defineConsumer, FENCE_TTL_CLOCK_ALLOWANCE_MS, fenceTtlMarginMs } from "./consumer.ts";
 export type {
   AlertWindowRow,
   DeadLetterErrorClass,

@@ -1,3 +1,4 @@
+import { sql as sqlTag } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { uuidv7 } from "uuidv7";
@@ -6,7 +7,7 @@ import { z } from "zod";
 import { effectConsumer, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
 import { createMemoryQueue, type DeliveryEvent, type MemoryQueue } from "../adapters/memory/index.ts";
 import { createManualClock } from "../clock.ts";
-import { bindConsumer, defineConsumer } from "../consumer.ts";
+import { bindConsumer, defineConsumer, fenceTtlMarginMs } from "../consumer.ts";
 import { createEnvelope } from "../envelope.ts";
 import { InvalidConfigError, RateLimitedError } from "../errors.ts";
 import { createOps } from "../ops/index.ts";
@@ -493,6 +494,120 @@ describe("copies of a job that come back late (#9 item 1)", () => {
     } finally {
       holder.release();
       await client.end();
+    }
+  });
+});
+
+describe("the fence TTL is a law the harness obeys too (#18 item 3)", () => {
+  const TTL = 2 * HOUR;
+  const awardSchema = z.object({ customerId: z.string(), points: z.number() });
+  const counted = () => {
+    const counter = { runs: 0 };
+    const definition = defineConsumer({
+      name: `cleanup.law-${uuidv7()}`,
+      queue: "cleanup.law",
+      kind: "points.award.v1",
+      schema: awardSchema,
+      timeoutMs: 5_000,
+      deferralHorizonMs: 60_000,
+      async handle(data, { tx, envelope }) {
+        counter.runs += 1;
+        await tx.execute(
+          sqlTag`insert into test_effects (job_id, consumer, amount) values (${envelope.job_id}, 'law', ${data.points})`,
+        );
+      },
+    });
+    return { definition, counter };
+  };
+  const effectsOf = async (jobId: string) =>
+    (await pg.sql<{ n: number }[]>`select count(*)::int as n from test_effects where job_id = ${jobId}`)[0]?.n;
+
+  test("a copy that comes back after the cleanup removed its job's fence is not run: the job keeps its one effect, the copy is an expired letter with the evidence", async () => {
+    const { definition, counter } = counted();
+    const due = Date.now();
+    let now = due;
+    const bound = bindConsumer(definition, { db: pg.db, logger: silentLogger, fenceTtlMs: TTL, now: () => now });
+    const e = createEnvelope({ tenantId: "t", kind: "points.award.v1", data: { customerId: "c", points: 5 } });
+    // One copy commits right away; another was deferred (a 429 of the partner), for longer than the TTL.
+    expect(await bound.deliver({ body: JSON.stringify(e), deliveryCount: 1, dueAt: due })).toMatchObject({
+      outcome: "success",
+    });
+    // The TTL has passed for the fence (the database's clock): the cleanup, run with the same TTL, removes it.
+    await pg.sql`update core.processed_jobs set processed_at = now() - make_interval(secs => ${TTL / 1000 + 1})
+      where job_id = ${e.job_id}`;
+    const report = await createFenceCleanup({ db: pg.db, ttlMs: TTL, consumers: [definition] }).run();
+    expect(report.deleted).toBeGreaterThanOrEqual(1);
+    now = due + TTL + 1_000;
+    const late = await bound.deliver({ body: JSON.stringify(e), deliveryCount: 1, deferrals: 1, dueAt: due });
+    expect(late).toMatchObject({ outcome: "dead_lettered", errorClass: "expired", ack: true });
+    expect(counter.runs).toBe(1);
+    expect(await effectsOf(e.job_id)).toBe(1);
+    const [letter] = await pg.sql<
+      { last_error: string }[]
+    >`select last_error from core.dead_letters where job_id = ${e.job_id}`;
+    expect(letter?.last_error).toMatch(/fence TTL.*check its effect before replaying/);
+  });
+
+  test("a copy due just before the TTL less the margin still runs; one just after is expired, or a duplicate when a copy committed", async () => {
+    const { definition, counter } = counted();
+    const margin = fenceTtlMarginMs(definition);
+    const due = Date.now();
+    let now = due;
+    const bound = bindConsumer(definition, { db: pg.db, logger: silentLogger, fenceTtlMs: TTL, now: () => now });
+    const fresh = createEnvelope({ tenantId: "t", kind: "points.award.v1", data: { customerId: "c", points: 1 } });
+    const old = createEnvelope({ tenantId: "t", kind: "points.award.v1", data: { customerId: "c", points: 2 } });
+    now = due + TTL - margin;
+    expect(await bound.deliver({ body: JSON.stringify(fresh), deliveryCount: 1, dueAt: due })).toMatchObject({
+      outcome: "success",
+    });
+    now = due + TTL - margin + 1;
+    // The committed job's late copy finds its fence (the cleanup keeps it for the whole TTL): a duplicate.
+    expect(await bound.deliver({ body: JSON.stringify(fresh), deliveryCount: 2, dueAt: due })).toMatchObject({
+      outcome: "duplicate",
+    });
+    expect(await bound.deliver({ body: JSON.stringify(old), deliveryCount: 1, dueAt: due })).toMatchObject({
+      outcome: "dead_lettered",
+      errorClass: "expired",
+    });
+    expect(counter.runs).toBe(1);
+    // A replay is measured from when it was replayed (its own due time): it runs.
+    now = due + TTL * 3;
+    expect(
+      await bound.deliver({ body: JSON.stringify(old), deliveryCount: 1, replay: true, dueAt: now - 1_000 }),
+    ).toMatchObject({ outcome: "dead_lettered" }); // its letter is still pending: the fence refuses it
+    expect(counter.runs).toBe(1);
+  });
+
+  test("bindConsumer refuses a fenceTtlMs that does not leave room for the margin", () => {
+    const { definition } = counted();
+    expect(() => bindConsumer(definition, { db: pg.db, fenceTtlMs: fenceTtlMarginMs(definition) })).toThrow(
+      InvalidConfigError,
+    );
+    expect(() => bindConsumer(definition, { db: pg.db, fenceTtlMs: Number.NaN })).toThrow(/fenceTtlMs/);
+  });
+
+  test("a fence is stamped when its insert runs, not when its transaction began: a wait on the ordering lock is not counted as age", async () => {
+    const { definition } = counted();
+    const ordered = defineConsumer({ ...definition, name: `${definition.name}-stamp`, orderingKey: () => "k" });
+    const e = createEnvelope({ tenantId: "t", kind: "points.award.v1", data: { customerId: "c", points: 3 } });
+    const holder = await pg.sql.reserve();
+    try {
+      await holder`select pg_advisory_lock(hashtextextended(${`${ordered.name}|k`}, 0))`;
+      const started = Date.now();
+      const delivery = bindConsumer(ordered, { db: pg.db, logger: silentLogger }).deliver({
+        body: JSON.stringify(e),
+        deliveryCount: 1,
+      });
+      await new Promise((r) => setTimeout(r, 1_500));
+      await holder`select pg_advisory_unlock_all()`;
+      expect(await delivery).toMatchObject({ outcome: "success" });
+      const [row] = await pg.sql<{ stamped: number }[]>`
+        select (extract(epoch from processed_at) * 1000)::float8 as stamped from core.processed_jobs where job_id = ${e.job_id}`;
+      // The transaction began before the wait; the fence after it.
+      expect((row?.stamped ?? 0) - started).toBeGreaterThanOrEqual(1_300);
+    } finally {
+      await holder`select pg_advisory_unlock_all()`;
+      holder.release();
     }
   });
 });
