@@ -28,6 +28,7 @@ import { createOutboxWriter, type Outbox } from "./outbox/writer.ts";
 import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
+import { guardedLogger, guardedMetrics, ObserverFailures } from "./ports/observers.ts";
 import type { BoundConsumer, Delivery, DeliveryOutcome, DeliveryResult } from "./queue-port.ts";
 import {
   DEFAULT_DEFERRAL_HORIZON_MS,
@@ -193,6 +194,8 @@ export interface HarnessDeps {
    * @default true
    */
   readonly pipeline?: boolean;
+  /** Longest `flushAlerts()` waits for the alert sink before it gives up (counted as a failed alert). @default 5000 */
+  readonly alertFlushTimeoutMs?: number;
   /**
    * The fence TTL, exactly as the fence cleanup is given it (`ttlMs`): the
    * harness obeys the same law. A copy of a job delivered later than
@@ -269,6 +272,8 @@ interface DeadLetterWrite {
   readonly error: string;
 }
 
+const DEFAULT_ALERT_FLUSH_TIMEOUT_MS = 5_000;
+
 /** Deferral of a delivery whose handler never started: from about a second, doubling, up to 5 minutes. */
 const NOT_STARTED_BASE_MS = 1_000;
 const NOT_STARTED_CAP_MS = 300_000;
@@ -315,6 +320,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly name: string;
   readonly queue: string;
   readonly timeoutMs: number;
+  /** Calls to the metrics port and the logger that threw or rejected (they never change an outcome). */
+  readonly observerFailures = new ObserverFailures();
   readonly #consumer: Consumer<TSchema>;
   readonly #db: AnyPgDatabase;
   readonly #runInWorkTransaction: RunInWorkTransaction;
@@ -333,6 +340,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #attributesByOutcome = new Map<DeliveryOutcome, JobMetricAttributes>();
   /** Alerts handed to the port and not yet settled; `flushAlerts` waits for them. */
   readonly #alertsInFlight = new Set<Promise<unknown>>();
+  readonly #alertFlushTimeoutMs: number;
   /** An alert was raised since the last `flushAlerts`: only then is the port flushed. */
   #alertsToFlush = false;
   /** The flush under way: a caller whose alert it covers waits for it too. */
@@ -349,12 +357,19 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#db = deps.db;
     this.#runInWorkTransaction = workTransactionFor(deps.db, { pipeline: deps.pipeline !== false });
     this.#alerts = deps.alerts ?? noopAlerts;
-    this.#metrics = deps.metrics ?? noopMetrics;
-    this.#logger = deps.logger ?? consoleLogger;
+    // Observers never change an outcome: every call to them is guarded (ports/observers.ts).
+    this.#logger = guardedLogger(deps.logger ?? consoleLogger, this.observerFailures);
+    this.#metrics = guardedMetrics(deps.metrics ?? noopMetrics, this.observerFailures, this.#logger);
     this.#random = deps.random ?? Math.random;
     this.#now = deps.now ?? Date.now;
     this.#deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
     this.#outboxRelay = deps.outboxRelay;
+    this.#alertFlushTimeoutMs = deps.alertFlushTimeoutMs ?? DEFAULT_ALERT_FLUSH_TIMEOUT_MS;
+    if (!(Number.isFinite(this.#alertFlushTimeoutMs) && this.#alertFlushTimeoutMs > 0)) {
+      throw new InvalidConfigError(
+        `consumer "${consumer.name}": alertFlushTimeoutMs must be a positive number of milliseconds, got ${deps.alertFlushTimeoutMs}`,
+      );
+    }
     if (deps.fenceTtlMs !== undefined) {
       const margin = fenceTtlMarginMs(consumer);
       if (!(Number.isFinite(deps.fenceTtlMs) && deps.fenceTtlMs > 2 * margin)) {
@@ -907,14 +922,24 @@ select id, inserted from letter`);
     await this.#alertFlush;
   }
 
+  /** Bounded: an alert sink that hangs never holds a delivery's answer (a push route's response) past `alertFlushTimeoutMs`. */
   async #flushAlertsNow(previous: Promise<void> | undefined): Promise<void> {
     await previous;
-    await Promise.allSettled([...this.#alertsInFlight]);
+    let timer: NodeJS.Timeout | undefined;
+    const gaveUp = new Promise<"timeout">((resolve) => {
+      timer = setTimeout(resolve, this.#alertFlushTimeoutMs, "timeout");
+    });
     try {
-      await this.#alerts.flush?.();
+      const flushed = Promise.allSettled([...this.#alertsInFlight]).then(() => this.#alerts.flush?.());
+      if ((await Promise.race([flushed, gaveUp])) === "timeout") {
+        flushed.catch(() => {}); // settles later, or never: nobody waits for it
+        throw new Error(`the alert sink did not flush within ${this.#alertFlushTimeoutMs} ms`);
+      }
     } catch (thrown) {
       this.#metrics.alertFailed({ queue: this.queue, consumer: this.name });
       this.#logger.warn(`dead-letter alerts could not be flushed: ${describeError(thrown)}`);
+    } finally {
+      clearTimeout(timer);
     }
   }
 }
