@@ -27,6 +27,7 @@ import type { AnyPgDatabase, Consumer } from "../consumer.ts";
 import { InvalidConfigError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
 import { DEFAULT_DEFERRAL_HORIZON_MS, maxRetryWindowMs } from "../retry.ts";
+import { MAX_TIMER_DELAY_MS } from "../timers.ts";
 
 /** What the TTL check reads of a consumer; `deferralHorizonMs` @default DEFAULT_DEFERRAL_HORIZON_MS (as `defineConsumer`). */
 export type FenceTtlConsumer = Pick<Consumer, "name" | "retryPolicy"> & Partial<Pick<Consumer, "deferralHorizonMs">>;
@@ -292,8 +293,10 @@ export function scheduleFenceCleanup(
   cleanup: FenceCleanup,
   options: { intervalMs: number; onRun?: (report: CleanupReport) => void; onError?: (error: unknown) => void },
 ): { stop(): Promise<void> } {
-  if (!Number.isFinite(options.intervalMs) || options.intervalMs <= 0) {
-    throw new InvalidConfigError(`fence cleanup schedule: intervalMs must be positive, got ${options.intervalMs}`);
+  if (!Number.isFinite(options.intervalMs) || options.intervalMs <= 0 || options.intervalMs > MAX_TIMER_DELAY_MS) {
+    throw new InvalidConfigError(
+      `fence cleanup schedule: intervalMs must be positive and at most ${MAX_TIMER_DELAY_MS} ms (a timer's limit), got ${options.intervalMs}`,
+    );
   }
   const controller = new AbortController();
   let running: Promise<void> | undefined;

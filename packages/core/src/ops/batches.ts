@@ -26,6 +26,7 @@ import {
   replayBatchItems,
 } from "../db/schema.ts";
 import { describeError, OpsError } from "../errors.ts";
+import { sleep } from "../timers.ts";
 import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import { type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
 import { markAudited } from "./refusals.ts";
@@ -797,19 +798,6 @@ function jsonFilter(filter: z.output<typeof deadLetterFilterSchema>) {
     if (value !== undefined) out[key] = value instanceof Date ? value.toISOString() : String(value);
   }
   return out;
-}
-
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal?.aborted) return resolve();
-    const timer = setTimeout(done, ms);
-    function done() {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    }
-    signal?.addEventListener("abort", done, { once: true });
-  });
 }
 
 export type { DeadLetterFilter };

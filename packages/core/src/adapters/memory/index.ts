@@ -21,6 +21,7 @@ import type {
   QueuePort,
   ReplayLanePort,
 } from "../../queue-port.ts";
+import { timerDelay } from "../../timers.ts";
 import { nonNegative, positive, positiveInteger } from "../../validate.ts";
 
 export interface MemoryQueueOptions {
@@ -341,7 +342,8 @@ class InMemoryQueue implements MemoryQueue {
           clock.advanceTo(next);
           this.#pumpAll();
         } else {
-          await new Promise((resolve) => setTimeout(resolve, Math.max(1, next - this.#clock.now())));
+          // Clamped to the timer limit; the loop re-reads the next due time.
+          await new Promise((resolve) => setTimeout(resolve, Math.max(1, timerDelay(next - this.#clock.now()))));
         }
       }
     } finally {
@@ -560,7 +562,9 @@ class InMemoryQueue implements MemoryQueue {
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = undefined;
     if (next !== undefined) {
-      this.#timer = setTimeout(() => this.#pumpAll(), Math.max(0, next - this.#clock.now()));
+      // Clamped to the timer limit (a longer delay would fire after 1 ms, over
+      // and over): firing early pumps nothing, and the pump arms the next one.
+      this.#timer = setTimeout(() => this.#pumpAll(), timerDelay(next - this.#clock.now()));
       this.#timer.unref();
     }
   }

@@ -45,6 +45,7 @@ import type {
   QueuePort,
   ReplayLanePort,
 } from "../../queue-port.ts";
+import { timerDelay } from "../../timers.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
 
 /** Longest retention Vercel Queues documents (7 days; an earlier doc version said 24 h: configurable). */
@@ -1669,7 +1670,7 @@ class PollWorker implements VercelWorker {
         this.#wakers.delete(wake);
         resolve();
       };
-      const timer = setTimeout(wake, ms);
+      const timer = setTimeout(wake, timerDelay(ms));
       this.#wakers.add(wake);
     });
   }
