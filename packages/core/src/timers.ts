@@ -13,7 +13,7 @@ export const MAX_TIMER_DELAY_MS = 2_147_483_647;
 /** A delay setTimeout honours for a wait of `ms`: in [0, MAX_TIMER_DELAY_MS] (NaN is 0). */
 export function timerDelay(ms: number): number {
   if (!(ms > 0)) return 0;
-  return ms > MAX_TIMER_DELAY_MS ? MAX_TIMER_DELAY_MS : ms;
+  return Math.min(ms, MAX_TIMER_DELAY_MS);
 }
 
 /**
