@@ -86,7 +86,23 @@ export interface MigrateOptions {
   readonly lock?: boolean;
   /** How often a run that waits for the lock tries again. @default 250 */
   readonly lockPollMs?: number;
+  /**
+   * How long one statement may wait for a table lock (`lock_timeout`). A DDL
+   * statement that waits for a lock queues every later statement on that
+   * table behind it — live work transactions too — so it gives up after
+   * this, the file is rolled back, and it is tried again after a backoff
+   * (the zero-downtime migration pattern). @default 500
+   */
+  readonly lockTimeoutMs?: number;
+  /** How many times a file whose lock wait timed out is tried again before the run fails. @default 30 */
+  readonly lockRetries?: number;
+  /** Backoff between those tries: from this, doubling, jittered, up to 10 s. @default 200 */
+  readonly lockRetryBaseMs?: number;
 }
+
+/** SQLSTATE 55P03, lock_not_available: what `lock_timeout` raises. */
+const LOCK_NOT_AVAILABLE = "55P03";
+const LOCK_RETRY_CAP_MS = 10_000;
 
 export interface MigrateReport {
   /** Tags this run applied (empty when another run had already applied everything). */
@@ -119,28 +135,27 @@ export async function migrate(
     );
     const last = await lastApplied(session, set);
     const applied: string[] = [];
+    const lockTimeoutMs = positiveMs(options.lockTimeoutMs ?? 500, "lockTimeoutMs");
+    const retries = Math.max(0, Math.trunc(options.lockRetries ?? 30));
+    const baseMs = positiveMs(options.lockRetryBaseMs ?? 200, "lockRetryBaseMs");
     for (const file of files) {
       if (last !== null && file.createdAt <= last) continue;
-      const record = `INSERT INTO ${tableOf(set)} ("hash", "created_at") VALUES ('${file.hash}', ${file.createdAt})`;
-      if (file.transactional) {
-        await session.run("BEGIN");
+      for (let attempt = 0; ; attempt += 1) {
         try {
-          for (const statement of file.statements) await session.run(statement);
-          await session.run(record);
-          await session.run("COMMIT");
+          await applyFile(session, set, file, lockTimeoutMs);
+          break;
         } catch (error) {
-          await session.run("ROLLBACK").catch(() => {});
-          throw migrationError(file, error);
-        }
-      } else {
-        try {
-          for (const statement of file.statements) {
-            await dropInvalidIndexBefore(session, statement);
-            await session.run(statement);
+          if (!(isLockTimeout(error) && attempt < retries)) {
+            throw migrationError(
+              file,
+              error,
+              isLockTimeout(error)
+                ? ` (a table lock was not free within ${lockTimeoutMs} ms in ${attempt + 1} tries: long transactions hold it; the run can be repeated once they end)`
+                : "",
+            );
           }
-          await session.run(record);
-        } catch (error) {
-          throw migrationError(file, error);
+          const backoff = Math.min(LOCK_RETRY_CAP_MS, baseMs * 2 ** attempt);
+          await new Promise((resolve) => setTimeout(resolve, backoff / 2 + Math.random() * (backoff / 2)));
         }
       }
       applied.push(file.tag);
@@ -149,6 +164,59 @@ export async function migrate(
   } finally {
     if (lock) await session.run(`SELECT pg_advisory_unlock(${MIGRATION_LOCK_KEY})`).catch(() => {});
   }
+}
+
+/**
+ * One file, with every lock wait bounded by `lock_timeout`: a transactional
+ * file in one transaction (SET LOCAL), another statement by statement with
+ * the session's setting, reset after it. Throws the statement's error as it is.
+ */
+async function applyFile(
+  session: MigrationSession,
+  set: MigrationSet,
+  file: MigrationFile,
+  lockTimeoutMs: number,
+): Promise<void> {
+  const record = `INSERT INTO ${tableOf(set)} ("hash", "created_at") VALUES ('${file.hash}', ${file.createdAt})`;
+  if (file.transactional) {
+    await session.run("BEGIN");
+    try {
+      await session.run(`SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`);
+      for (const statement of file.statements) await session.run(statement);
+      await session.run(record);
+      await session.run("COMMIT");
+    } catch (error) {
+      await session.run("ROLLBACK").catch(() => {});
+      throw error;
+    }
+    return;
+  }
+  await session.run(`SET lock_timeout = '${lockTimeoutMs}ms'`);
+  try {
+    for (const statement of file.statements) {
+      await dropInvalidIndexBefore(session, statement);
+      await session.run(statement);
+    }
+    await session.run(record);
+  } finally {
+    await session.run("RESET lock_timeout").catch(() => {});
+  }
+}
+
+function isLockTimeout(error: unknown): boolean {
+  let cause: unknown = error;
+  for (let depth = 0; depth < 4 && cause; depth += 1) {
+    if ((cause as { code?: unknown }).code === LOCK_NOT_AVAILABLE) return true;
+    cause = (cause as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+function positiveMs(value: number, name: string): number {
+  if (!(Number.isSafeInteger(value) && value > 0)) {
+    throw new InvalidConfigError(`migrate: ${name} must be a positive whole number of milliseconds, got ${value}`);
+  }
+  return value;
 }
 
 async function acquire(session: MigrationSession, pollMs: number): Promise<void> {
@@ -186,9 +254,9 @@ async function dropInvalidIndexBefore(session: MigrationSession, statement: stri
   if (rows.length > 0) await session.run(`DROP INDEX CONCURRENTLY IF EXISTS ${ident(schema)}.${ident(index)}`);
 }
 
-function migrationError(file: MigrationFile, error: unknown): Error {
+function migrationError(file: MigrationFile, error: unknown, hint = ""): Error {
   const message = error instanceof Error ? error.message : String(error);
-  return new Error(`migration ${file.tag} failed: ${message}`, { cause: error });
+  return new Error(`migration ${file.tag} failed: ${message}${hint}`, { cause: error });
 }
 
 /** Tags of a set's migrations that the database has not applied yet (none when its bookkeeping is current). */
