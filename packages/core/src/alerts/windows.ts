@@ -23,8 +23,8 @@
  */
 import { createHash } from "node:crypto";
 import { sql } from "drizzle-orm";
-import type { AnyPgDatabase } from "../consumer.ts";
 import type { DeadLetterErrorClass } from "../db/schema.ts";
+import type { AnyPgDatabase } from "../db/types.ts";
 
 /** What coalesces: the same failure mode of the same consumer. */
 export interface AlertWindowKey {

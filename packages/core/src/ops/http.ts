@@ -31,8 +31,8 @@ import { describeError, isSoftcrumError, OpsError } from "../errors.ts";
 import { consoleLogger, type Logger } from "../ports/logger.ts";
 import { APPROVER_ROLE, type Authorizer, type Principal } from "./auth.ts";
 import { idListSchema, parseInput, reasonSchema } from "./filters.ts";
-import type { Ops } from "./index.ts";
 import { UnauthenticatedAudit, wasAudited } from "./refusals.ts";
+import type { Ops } from "./types.ts";
 
 /** The default largest request body the handler reads: 1 MiB. Larger ones are answered 413. */
 export const MAX_BODY_BYTES = 1024 * 1024;

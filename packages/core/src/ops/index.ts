@@ -48,10 +48,9 @@ export {
   replayTransportFor,
 } from "./routes.ts";
 
-export interface Ops {
-  readonly deadLetters: DeadLetterOperations;
-  readonly batches: ReplayBatches;
-}
+import type { Ops } from "./types.ts";
+
+export type { Ops } from "./types.ts";
 
 /**
  * The operations API over `core.dead_letters`, publishing replays through

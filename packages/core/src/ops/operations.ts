@@ -12,8 +12,8 @@ import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, lt, type SQL, sq
 import { uuidv7 } from "uuidv7";
 import { z } from "zod";
 import { type Clock, systemClock } from "../clock.ts";
-import type { AnyPgDatabase } from "../consumer.ts";
 import { type DeadLetterRow, deadLetterPayloads, deadLetters, opsAudit } from "../db/schema.ts";
+import type { AnyPgDatabase } from "../db/types.ts";
 import { checkEnvelope, type Envelope } from "../envelope.ts";
 import { describeError, InvalidConfigError, isSoftcrumError, OpsError } from "../errors.ts";
 import type { QueuePort, ReplayLanePort } from "../queue-port.ts";

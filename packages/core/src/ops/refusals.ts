@@ -12,7 +12,7 @@
  */
 import { createHash } from "node:crypto";
 import { sql } from "drizzle-orm";
-import type { AnyPgDatabase } from "../consumer.ts";
+import type { AnyPgDatabase } from "../db/types.ts";
 
 const AUDITED = Symbol.for("@softcrum/core:ops-audited");
 

@@ -14,8 +14,8 @@
  * ever dropped.
  */
 import { sql } from "drizzle-orm";
-import type { AnyPgDatabase } from "../consumer.ts";
 import { LAST_ERROR_MAX } from "../db/schema.ts";
+import type { AnyPgDatabase } from "../db/types.ts";
 import { describeError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
 import { consoleLogger, type Logger } from "../ports/logger.ts";
