@@ -165,6 +165,8 @@ async function main(): Promise<number> {
       visibilityTimeoutSeconds: LEASE_SECONDS,
       concurrency: CONCURRENCY,
       timeoutMs: CHAOS_TIMEOUT_MS,
+      // The last slot runs on node-postgres: both drivers of the engine under the same faults.
+      driver: slot.index === WORKERS - 1 && WORKERS > 1 ? "node-postgres" : "postgres.js",
     };
     const child = spawn(process.execPath, ["--import", "tsx", workerScript, JSON.stringify(config)], {
       cwd: coreDir,

@@ -46,6 +46,8 @@ export interface ChaosWorkerConfig {
   readonly visibilityTimeoutSeconds: number;
   readonly concurrency: number;
   readonly timeoutMs: number;
+  /** The database driver of this worker: the engine's contract must hold on each (#18). @default "postgres.js" */
+  readonly driver?: "postgres.js" | "node-postgres";
 }
 
 /** The tables the chaos handler writes: effects with no unique key (a double effect shows), balances, and the operator's repairs. */

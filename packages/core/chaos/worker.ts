@@ -1,11 +1,14 @@
 // One worker process of the chaos run (chaos.ts starts 3-4 of them and kills
-// them at random): the harness on a postgres.js pool, fed by the Vercel
+// them at random): the harness on a postgres.js pool (or a node-postgres one,
+// `config.driver`), fed by the Vercel
 // adapter's poll loop through the real @vercel/queue SDK, against the fake
 // Vercel Queues server behind the run's hostile broker. Its handler writes
 // the job's effect through `tx` and then meets faults drawn from the run's seed. It prints `STATS <json>` (outcome counts) every
 // second, and exits 0 on SIGTERM once its deliveries in flight have ended.
 import { sql } from "drizzle-orm";
+import { drizzle as drizzleNodePg } from "drizzle-orm/node-postgres";
 import { drizzle } from "drizzle-orm/postgres-js";
+import pg from "pg";
 import postgres from "postgres";
 import { createVercelQueue, type VercelDeliveryEvent } from "../src/adapters/vercel/index.ts";
 import {
@@ -59,7 +62,19 @@ const begin = pool.begin.bind(pool) as (...args: unknown[]) => Promise<unknown>;
   };
   return begin(...args).finally(() => begins.delete(key));
 };
-const db = drizzle({ client: pool });
+// A node-postgres worker runs the same harness through the engine's other driver.
+const nodePool =
+  config.driver === "node-postgres"
+    ? new pg.Pool({
+        connectionString: config.databaseUrl,
+        max: config.concurrency + 2,
+        connectionTimeoutMillis: 3_000,
+        application_name: applicationName,
+      })
+    : undefined;
+// A client whose backend the run terminated: the pool replaces it.
+nodePool?.on("error", () => {});
+const db = nodePool ? drizzleNodePg({ client: nodePool }) : drizzle({ client: pool });
 // Each process (and each restart of it) draws its own faults from the run's seed.
 const random = seeded(config.workerSeed);
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -190,6 +205,7 @@ process.on("SIGTERM", () => {
     await worker.stop();
     await queue.close();
     await pool.end({ timeout: 5 });
+    await nodePool?.end();
     report();
     process.exit(0);
   })();

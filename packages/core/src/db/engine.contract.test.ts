@@ -367,6 +367,26 @@ describe.each(matrix)("on %s", (c) => {
         expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
       });
 
+      test("a backend terminated by the server mid-handler: not a success, nothing it wrote lands, the process lives on and the redelivery applies the job once", async () => {
+        let first = true;
+        const definition = consumer(async (data, { tx, envelope }) => {
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          if (first) {
+            first = false;
+            const [own] = rowsOf<{ pid: number }>(await tx.execute(sql`select pg_backend_pid() as pid`));
+            await c.rows("select pg_terminate_backend($1)", [own?.pid]);
+            await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "after", amount: data.n });
+          }
+        });
+        const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+        const e = job(15);
+        const result = await bound.deliver({ body: body(e), deliveryCount: 1 });
+        expect(result.outcome).not.toBe("success");
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+        expect(await bound.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "success" });
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+      });
+
       test("two handlers that deadlock each other: the one the server picks is retried, and both jobs end with one effect", async () => {
         await c.rows("create table if not exists contract_accounts (id int primary key, balance int not null)");
         await c.rows("truncate contract_accounts");

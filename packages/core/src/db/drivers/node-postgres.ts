@@ -28,6 +28,8 @@ interface PgQuerier {
 interface PoolClient extends PgQuerier {
   /** With an error: the pool removes the client and ends it. */
   release(destroy?: Error | boolean): void;
+  on(event: "error", listener: (error: Error) => void): unknown;
+  off(event: "error", listener: (error: Error) => void): unknown;
   connection?: { stream?: { destroy(): void } };
 }
 interface PgPool extends PgQuerier {
@@ -58,6 +60,15 @@ function connection(client: PoolClient): DriverConnection {
   // pg throws at a second release: the engine may destroy a connection from
   // a timer and again when the run ends.
   let released = false;
+  // A checked-out client emits the error of a backend that went away (an
+  // administrator's terminate, a failover) on itself, not on the pool: with
+  // no listener it ends the process. The query in flight fails with it too,
+  // and that is what the engine reads; a client that errored is destroyed.
+  let broken = false;
+  const onError = () => {
+    broken = true;
+  };
+  client.on("error", onError);
   const run = ({ text, params }: Statement): Promise<Answer> =>
     client.query(text, params ? [...params] : undefined).then(answer);
   return {
@@ -69,11 +80,13 @@ function connection(client: PoolClient): DriverConnection {
     release: () => {
       if (released) return;
       released = true;
-      client.release();
+      client.off("error", onError);
+      client.release(broken ? new Error("its backend went away") : undefined);
     },
     destroy: () => {
       if (released) return;
       released = true;
+      // The listener stays: the socket's end still emits on this client.
       // The socket first: release(error) alone ends the client politely,
       // after whatever is in flight on it.
       client.connection?.stream?.destroy();
