@@ -748,8 +748,10 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   async #deadLetterUnlessCommitted(input: DeadLetterInput & { envelope: Envelope }): Promise<DeliveryResult> {
     let decided: Awaited<ReturnType<typeof decideDeadLetter<DeadLetterWrite>>>;
     try {
-      decided = await decideDeadLetter(this.#db, { jobId: input.envelope.job_id, consumer: this.name }, (tx) =>
-        this.#writeDeadLetter(input, tx),
+      decided = await decideDeadLetter(
+        this.#db,
+        { jobId: input.envelope.job_id, consumer: this.name, timeoutMs: this.timeoutMs },
+        (tx) => this.#writeDeadLetter(input, tx),
       );
     } catch (thrown) {
       return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);

@@ -387,6 +387,34 @@ describe.each(matrix)("on %s", (c) => {
         expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
       });
 
+      test("the dead-letter decision is bounded on the server: a probe that waits on a fence key held elsewhere gives up, and the delivery is not acknowledged", async () => {
+        const { definition, counter } = counting({ timeoutMs: 300 });
+        const e = job(16);
+        // Another session holds the job's fence key (an uncommitted fence), as a copy in flight would, and never ends.
+        const holder = c.db(1);
+        const holding = holder.transaction(async (tx) => {
+          await tx.execute(
+            sql`insert into core.processed_jobs (job_id, consumer) values (${e.job_id}, ${definition.name})`,
+          );
+          await sleep(3_000);
+          throw new Error("roll back");
+        });
+        await sleep(100);
+        // Past the budget: the dead-letter decision, whose probe waits on the held key.
+        const result = await bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
+          body: body(e),
+          deliveryCount: 6,
+        });
+        expect(result).toMatchObject({
+          outcome: "dead_letter_failed",
+          ack: false,
+          error: expect.stringMatching(/statement timeout/),
+        });
+        expect(counter.runs).toBe(0);
+        await holding.catch(() => {});
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+      });
+
       test("two handlers that deadlock each other: the one the server picks is retried, and both jobs end with one effect", async () => {
         await c.rows("create table if not exists contract_accounts (id int primary key, balance int not null)");
         await c.rows("truncate contract_accounts");

@@ -546,10 +546,25 @@ class SavepointTransaction extends PgTransaction<any, any, any> {
  */
 export async function decideDeadLetter<T>(
   db: AnyPgDatabase,
-  target: { readonly jobId: string; readonly consumer: string },
+  target: {
+    readonly jobId: string;
+    readonly consumer: string;
+    /**
+     * Bounds the decision on the server like a work transaction of the same
+     * consumer (its probe waits on the fence key a copy in flight holds, at
+     * most that copy's run): statement and idle timeouts of timeoutMs + 1 s,
+     * never looser than the session's. @default 25 s
+     */
+    readonly timeoutMs?: number;
+  },
   write: (tx: WorkTransaction) => Promise<T>,
 ): Promise<{ readonly status: "duplicate" } | { readonly status: "written"; readonly value: T }> {
+  const ms = serverTimeoutMs(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
   return db.transaction(async (tx) => {
+    await tx.execute(sql`select set_config('statement_timeout', (case when s > 0 and s < ${ms} then ceil(s) else ${ms} end)::bigint || 'ms', true),
+  set_config('idle_in_transaction_session_timeout', (case when i > 0 and i < ${ms} then ceil(i) else ${ms} end)::bigint || 'ms', true)
+  from (select extract(epoch from current_setting('statement_timeout')::interval) * 1000 as s,
+    extract(epoch from current_setting('idle_in_transaction_session_timeout')::interval) * 1000 as i) as session_ms`);
     const probe = rowsOf(
       await tx.execute(
         sql`insert into core.processed_jobs (job_id, consumer) values (${target.jobId}, ${target.consumer}) on conflict do nothing returning 1`,
