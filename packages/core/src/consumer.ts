@@ -9,10 +9,9 @@
  *   itself, with its payload and the evidence of why.
  */
 import { createHash } from "node:crypto";
-import { sql } from "drizzle-orm";
-import { uuidv7 } from "uuidv7";
 import type { z } from "zod";
 import { alertErrorFields } from "./alerts/redact.ts";
+import { upsertDeadLetter } from "./db/dead-letter-write.ts";
 import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
 import {
@@ -25,6 +24,7 @@ import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, isJobId
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { LruMap } from "./lru-map.ts";
 import { createOutboxWriter, type Outbox } from "./outbox/writer.ts";
+import { boundedText, decodeBody, payloadSha256, type ReceivedPayload, readableFields } from "./payload.ts";
 import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
@@ -305,16 +305,6 @@ type Decoded<TData> =
       error: string;
       alertError?: string;
     };
-
-/** The payload as stored in a dead letter, plus what JSON it held (if any). */
-interface ReceivedPayload {
-  text: string;
-  encoding: "utf8" | "base64";
-  value?: unknown;
-  decodeError?: string;
-}
-
-const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly name: string;
@@ -821,18 +811,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return this.#afterDeadLetter(input, written);
   }
 
-  /**
-   * Inserts the letter, or counts one more occurrence of the pending one;
-   * throws when it cannot. A letter folds copies of the same bytes only:
-   * - keyed by (job_id, consumer) when the payload carried a valid job_id
-   *   (at most one pending letter per job, the fence's rule); a copy of that
-   *   job with other bytes is one more occurrence of the letter, and its
-   *   payload is kept in `core.dead_letter_payloads`, once per distinct
-   *   payload, in the same statement;
-   * - keyed by (consumer, payload_sha256) otherwise: a missing or invalid
-   *   job_id is evidence (it is in the payload), never an identity, so
-   *   another job's payload carrying the same bad id is a letter of its own.
-   */
+  /** Writes the letter (`upsertDeadLetter`: copies of the same bytes fold, other payloads are kept); throws when it cannot. */
   async #writeDeadLetter(input: DeadLetterInput, executor: AnyPgDatabase | WorkTransaction): Promise<DeadLetterWrite> {
     const error = boundedText(this.#withUnwrittenEvidence(input), LAST_ERROR_MAX) ?? "unknown error";
     const jobId = isJobId(input.envelope.job_id) ? input.envelope.job_id.toLowerCase() : null;
@@ -842,31 +821,20 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       correlationId: boundedText(input.envelope.correlation_id, ENVELOPE_FIELD_MAX),
       kind: boundedText(input.envelope.kind, ENVELOPE_FIELD_MAX),
     };
-    const { text: payload, encoding } = input.received;
-    const sha = payloadSha256(input.received);
-    const conflict =
-      jobId === null
-        ? sql`(consumer, payload_sha256) where status = 'pending_review' and job_id is null`
-        : sql`(job_id, consumer) where status = 'pending_review'`;
-    const result = await executor.execute(sql`with letter as (
-  insert into core.dead_letters as d (id, job_id, queue, consumer, payload, payload_encoding, payload_sha256,
-    attempts, last_error, error_class, tenant_id, correlation_id, kind)
-  values (${uuidv7()}, ${jobId}, ${this.queue}, ${this.name}, ${payload}, ${encoding}, ${sha},
-    ${input.attempts}, ${error}, ${input.errorClass}, ${row.tenantId}, ${row.correlationId}, ${row.kind})
-  on conflict ${conflict} do update set occurrences = d.occurrences + 1, last_seen_at = now(),
-    last_error = excluded.last_error, attempts = excluded.attempts
-  returning d.id, (d.xmax = 0) as inserted, d.payload_sha256
-), other_payload as (
-  insert into core.dead_letter_payloads as p (dead_letter_id, payload_sha256, payload, payload_encoding, last_error)
-  select letter.id, ${sha}, ${payload}, ${encoding}, ${error} from letter
-  where not letter.inserted and letter.payload_sha256 is distinct from ${sha}
-  on conflict (dead_letter_id, payload_sha256) do update set occurrences = p.occurrences + 1, last_seen_at = now(),
-    last_error = excluded.last_error
-  returning 1
-)
-select id, inserted from letter`);
-    const [written] = rowsOf<{ id: string; inserted: boolean }>(result);
-    if (!written) throw new Error("dead letter insert returned no row"); // unreachable: upsert always returns one
+    const written = await upsertDeadLetter(executor, {
+      jobId,
+      queue: this.queue,
+      consumer: this.name,
+      payload: input.received.text,
+      payloadEncoding: input.received.encoding,
+      payloadSha256: payloadSha256(input.received),
+      attempts: input.attempts,
+      lastError: error,
+      errorClass: input.errorClass,
+      tenantId: row.tenantId,
+      correlationId: row.correlationId,
+      kind: row.kind,
+    });
     return { id: written.id, inserted: written.inserted, row, error };
   }
 
@@ -987,38 +955,6 @@ function dueAtOf(delivery: Delivery, envelope: Envelope): number {
     : jobCreatedAt(envelope.job_id);
 }
 
-function decodeBody(body: unknown): ReceivedPayload {
-  if (typeof body === "string") return decodeText(body);
-  if (body instanceof Uint8Array) {
-    let text: string;
-    try {
-      text = utf8.decode(body);
-    } catch {
-      return {
-        text: Buffer.from(body).toString("base64"),
-        encoding: "base64",
-        decodeError: "payload is not UTF-8 text",
-      };
-    }
-    return decodeText(text);
-  }
-  // A transport that already decoded the JSON for us. Text for the dead
-  // letter, whatever it is (too deep to stringify, a BigInt, no toString).
-  let text: string | undefined;
-  try {
-    text = JSON.stringify(body);
-  } catch {}
-  if (text === undefined) {
-    try {
-      text = String(body);
-    } catch {
-      text = `[a decoded ${typeof body} that cannot be written as text]`;
-    }
-  }
-  return { ...storable(text), value: body };
-}
-
-/** SHA-256 (hex) of the payload's bytes: the same message, whichever copy of it this is. */
 /**
  * How far `#decode` got, for the poison message of whatever throws: the
  * stage's text is only made then, not for every delivery.
@@ -1081,52 +1017,4 @@ function parseData<TSchema extends z.ZodType>(
     if (needsAsync) return schema.safeParseAsync(data);
     throw thrown;
   }
-}
-
-function payloadSha256(received: ReceivedPayload): string {
-  return createHash("sha256").update(Buffer.from(received.text, received.encoding)).digest("hex");
-}
-
-function decodeText(text: string): ReceivedPayload {
-  const stored = storable(text);
-  try {
-    return { ...stored, value: JSON.parse(text) };
-  } catch (thrown) {
-    // The parser's message quotes the payload; keep only its kind, since the
-    // error also goes into alerts (the payload itself is in the dead letter).
-    return { ...stored, decodeError: `payload is not JSON (${thrown instanceof Error ? thrown.name : "parse error"})` };
-  }
-}
-
-/** Postgres text cannot hold NUL: such payloads are kept as base64 of their UTF-8 bytes. */
-function storable(text: string): Pick<ReceivedPayload, "text" | "encoding"> {
-  return text.includes("\u0000")
-    ? { text: Buffer.from(text, "utf8").toString("base64"), encoding: "base64" }
-    : { text, encoding: "utf8" };
-}
-
-/** The envelope fields of an invalid payload that are still readable, as evidence for the operator. */
-function readableFields(value: unknown): DeadLetterInput["envelope"] {
-  if (typeof value !== "object" || value === null) return {};
-  const v = value as Record<string, unknown>;
-  const pick = (key: string) => (typeof v[key] === "string" ? (v[key] as string) : undefined);
-  return {
-    job_id: pick("job_id"),
-    tenant_id: pick("tenant_id"),
-    correlation_id: pick("correlation_id"),
-    kind: pick("kind"),
-  };
-}
-
-function boundedText(value: string | undefined, max: number): string | null {
-  if (value === undefined) return null;
-  const clean = value.replaceAll("\u0000", "");
-  return clean.length > max ? `${clean.slice(0, max - 1)}…` : clean;
-}
-
-/** Rows of an `execute` result, whichever driver made it (postgres.js: an array; node-postgres/PGlite: `.rows`). */
-function rowsOf<T>(result: unknown): T[] {
-  if (Array.isArray(result)) return result as T[];
-  const rows = (result as { rows?: unknown })?.rows;
-  return Array.isArray(rows) ? (rows as T[]) : [];
 }

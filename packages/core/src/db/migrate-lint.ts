@@ -15,6 +15,11 @@
  * index's table), and CONCURRENTLY in a migration not marked
  * `-- softcrum-migrate: no-transaction` (it would fail inside one).
  *
+ * "A moment" holds because the runner bounds every lock wait (`lock_timeout`,
+ * retried with backoff, #18 item 6): a metadata-only ALTER that needs ACCESS
+ * EXCLUSIVE on a table live work transactions hold would otherwise queue
+ * every later job behind it for as long as the longest job runs.
+ *
  * Escape: a line `-- migration-lint: allow <reason>` inside the statement's
  * chunk (before the statement) lets that statement through; the reason is
  * required. Migrations already applied to deployed databases cannot change
