@@ -17,28 +17,57 @@ export class ObserverFailures {
   logger = 0;
 }
 
-/** `metrics`, with every call guarded. */
+/** `metrics`, with every call guarded (a class with plain methods: it runs twice per job, so no arrays or closures per call). */
 export function guardedMetrics(metrics: MetricsPort, failures: ObserverFailures, logger: Logger): MetricsPort {
-  const failed = (method: string, thrown: unknown) => {
-    failures.metrics += 1;
-    logger.warn(`metrics port ${method}() failed; the delivery's outcome stands`, { error: String(thrown) });
-  };
-  const call =
-    <A extends unknown[]>(method: keyof MetricsPort, fn: ((...args: A) => unknown) | undefined) =>
-    (...args: A): void => {
-      try {
-        const result = fn?.apply(metrics, args);
-        if (isThenable(result)) result.then(undefined, (thrown: unknown) => failed(method, thrown));
-      } catch (thrown) {
-        failed(method, thrown);
-      }
-    };
-  return {
-    jobProcessed: call("jobProcessed", metrics.jobProcessed),
-    handlerDuration: call("handlerDuration", metrics.handlerDuration),
-    alertFailed: call("alertFailed", metrics.alertFailed),
-    ...(metrics.transportIncident ? { transportIncident: call("transportIncident", metrics.transportIncident) } : {}),
-  };
+  return new GuardedMetrics(metrics, failures, logger);
+}
+
+class GuardedMetrics implements MetricsPort {
+  readonly transportIncident?: MetricsPort["transportIncident"];
+  constructor(
+    private readonly metrics: MetricsPort,
+    private readonly failures: ObserverFailures,
+    private readonly logger: Logger,
+  ) {
+    if (metrics.transportIncident) {
+      this.transportIncident = (attributes) => {
+        try {
+          this.#settled("transportIncident", metrics.transportIncident?.(attributes));
+        } catch (thrown) {
+          this.#failed("transportIncident", thrown);
+        }
+      };
+    }
+  }
+  jobProcessed(attributes: Parameters<MetricsPort["jobProcessed"]>[0]): void {
+    try {
+      this.#settled("jobProcessed", this.metrics.jobProcessed(attributes));
+    } catch (thrown) {
+      this.#failed("jobProcessed", thrown);
+    }
+  }
+  handlerDuration(milliseconds: number, attributes: Parameters<MetricsPort["handlerDuration"]>[1]): void {
+    try {
+      this.#settled("handlerDuration", this.metrics.handlerDuration(milliseconds, attributes));
+    } catch (thrown) {
+      this.#failed("handlerDuration", thrown);
+    }
+  }
+  alertFailed(attributes: Parameters<MetricsPort["alertFailed"]>[0]): void {
+    try {
+      this.#settled("alertFailed", this.metrics.alertFailed(attributes));
+    } catch (thrown) {
+      this.#failed("alertFailed", thrown);
+    }
+  }
+  /** A port that returns a promise (against its contract): its rejection is counted, never left unhandled. */
+  #settled(method: string, result: unknown): void {
+    if (isThenable(result)) result.then(undefined, (thrown: unknown) => this.#failed(method, thrown));
+  }
+  #failed(method: string, thrown: unknown): void {
+    this.failures.metrics += 1;
+    this.logger.warn(`metrics port ${method}() failed; the delivery's outcome stands`, { error: String(thrown) });
+  }
 }
 
 /** `logger`, with every call guarded (a logger that throws is counted, and silent). */
