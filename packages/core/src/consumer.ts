@@ -11,6 +11,7 @@
 import { createHash } from "node:crypto";
 import type { z } from "zod";
 import { alertErrorFields } from "./alerts/redact.ts";
+import { AlertSender } from "./alerts/sender.ts";
 import { upsertDeadLetter } from "./db/dead-letter-write.ts";
 import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
@@ -20,12 +21,13 @@ import {
   WorkNotStartedError,
   workTransactionFor,
 } from "./db/work-transaction.ts";
-import { checkEnvelope, ENVELOPE_FIELD_MAX, type Envelope, formatIssues, isJobId, jobCreatedAt } from "./envelope.ts";
+import { ENVELOPE_FIELD_MAX, type Envelope, isJobId, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { LruMap } from "./lru-map.ts";
 import { createOutboxWriter, type Outbox } from "./outbox/writer.ts";
-import { boundedText, decodeBody, payloadSha256, type ReceivedPayload, readableFields } from "./payload.ts";
-import { type AlertPort, type DeadLetterAlert, noopAlerts } from "./ports/alerts.ts";
+import { boundedText, payloadSha256, type ReceivedPayload } from "./payload.ts";
+import { checkPayload } from "./poison-check.ts";
+import { type AlertPort, noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
 import { guardedLogger, guardedMetrics, ObserverFailures } from "./ports/observers.ts";
@@ -288,24 +290,6 @@ type UnwrittenLetter = Pick<DeadLetterInput, "errorClass" | "attempts" | "error"
  */
 const UNWRITTEN_LETTERS_REMEMBERED = 4096;
 
-/** The result of the poison check: what the handler needs, or why the payload is poison. */
-type Decoded<TData> =
-  | {
-      ok: true;
-      received: ReceivedPayload;
-      envelope: Envelope;
-      parsed: { data: TData };
-      /** The advisory-lock key of the consumer's ordering key, if it has one. */
-      lockKey: string | undefined;
-    }
-  | {
-      ok: false;
-      received: ReceivedPayload;
-      fields: DeadLetterInput["envelope"];
-      error: string;
-      alertError?: string;
-    };
-
 class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly name: string;
   readonly queue: string;
@@ -315,7 +299,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #consumer: Consumer<TSchema>;
   readonly #db: AnyPgDatabase;
   readonly #runInWorkTransaction: RunInWorkTransaction;
-  readonly #alerts: AlertPort;
+  readonly #alerts: AlertSender;
   readonly #metrics: MetricsPort;
   readonly #logger: Logger;
   readonly #random: () => number;
@@ -328,13 +312,6 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
   readonly #unwrittenLetters = new LruMap<string, UnwrittenLetter>(UNWRITTEN_LETTERS_REMEMBERED);
   readonly #attributesByOutcome = new Map<DeliveryOutcome, JobMetricAttributes>();
-  /** Alerts handed to the port and not yet settled; `flushAlerts` waits for them. */
-  readonly #alertsInFlight = new Set<Promise<unknown>>();
-  readonly #alertFlushTimeoutMs: number;
-  /** An alert was raised since the last `flushAlerts`: only then is the port flushed. */
-  #alertsToFlush = false;
-  /** The flush under way: a caller whose alert it covers waits for it too. */
-  #alertFlush: Promise<void> | undefined;
 
   constructor(consumer: Consumer<TSchema>, deps: HarnessDeps) {
     if (typeof deps?.db?.transaction !== "function") {
@@ -346,7 +323,6 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.timeoutMs = consumer.timeoutMs;
     this.#db = deps.db;
     this.#runInWorkTransaction = workTransactionFor(deps.db, { pipeline: deps.pipeline !== false });
-    this.#alerts = deps.alerts ?? noopAlerts;
     // Observers never change an outcome: every call to them is guarded (ports/observers.ts).
     this.#logger = guardedLogger(deps.logger ?? consoleLogger, this.observerFailures);
     this.#metrics = guardedMetrics(deps.metrics ?? noopMetrics, this.observerFailures, this.#logger);
@@ -354,12 +330,19 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#now = deps.now ?? Date.now;
     this.#deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
     this.#outboxRelay = deps.outboxRelay;
-    this.#alertFlushTimeoutMs = deps.alertFlushTimeoutMs ?? DEFAULT_ALERT_FLUSH_TIMEOUT_MS;
-    if (!(Number.isFinite(this.#alertFlushTimeoutMs) && this.#alertFlushTimeoutMs > 0)) {
+    const alertFlushTimeoutMs = deps.alertFlushTimeoutMs ?? DEFAULT_ALERT_FLUSH_TIMEOUT_MS;
+    if (!(Number.isFinite(alertFlushTimeoutMs) && alertFlushTimeoutMs > 0)) {
       throw new InvalidConfigError(
         `consumer "${consumer.name}": alertFlushTimeoutMs must be a positive number of milliseconds, got ${deps.alertFlushTimeoutMs}`,
       );
     }
+    this.#alerts = new AlertSender(
+      deps.alerts ?? noopAlerts,
+      this.#metrics,
+      this.#logger,
+      { queue: this.queue, consumer: this.name },
+      alertFlushTimeoutMs,
+    );
     if (deps.fenceTtlMs !== undefined) {
       const margin = fenceTtlMarginMs(consumer);
       if (!(Number.isFinite(deps.fenceTtlMs) && deps.fenceTtlMs > 2 * margin)) {
@@ -383,7 +366,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       readonly error: string;
     },
   ): Promise<DeliveryResult> {
-    const decoded = await this.#decode(delivery.body);
+    const decoded = await checkPayload(this.#consumer, delivery.body);
     if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
     return this.#deadLetterUnlessCommitted({
       errorClass: reason.errorClass,
@@ -401,7 +384,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     }
 
     // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.
-    let decoded = this.#decode(delivery.body);
+    let decoded = checkPayload(this.#consumer, delivery.body);
     if (decoded instanceof Promise) decoded = await decoded;
     if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
     const { received, envelope, parsed, lockKey } = decoded;
@@ -550,120 +533,6 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     const outcome = ran.status === "committed" ? "success" : "duplicate";
     this.#metrics.handlerDuration(duration, this.#attributes(outcome));
     return this.#finish(outcome, { outcome, ack: true });
-  }
-
-  /**
-   * Everything the payload decides before the handler runs: the bytes, the
-   * envelope, the kind, the consumer's schema and its ordering key. Anything
-   * any of them throws (a schema's `transform`/`refine` calling `new URL` or
-   * `BigInt`, a stack overflow on deeply nested data, an `orderingKey` that
-   * throws) is poison too: the same payload throws the same way on every
-   * delivery, so retrying it can only loop. Never throws.
-   */
-  #decode(body: unknown): Decoded<z.output<TSchema>> | Promise<Decoded<z.output<TSchema>>> {
-    const consumer = this.#consumer;
-    const progress: DecodeProgress = { received: undefined, fields: {}, stage: "payload", kind: "" };
-    try {
-      const received = decodeBody(body);
-      progress.received = received;
-      if (received.decodeError !== undefined) return poisonOf(received, progress.fields, received.decodeError);
-      progress.stage = "envelope";
-      const check = checkEnvelope(received.value);
-      if (!check.ok) {
-        progress.fields = readableFields(received.value);
-        return poisonOf(received, progress.fields, `invalid envelope: ${check.issues.join("; ")}`);
-      }
-      const envelope = check.envelope;
-      progress.fields = envelope;
-      if (!consumer.kinds.has(envelope.kind)) {
-        const accepted = [...consumer.kinds].join(", ");
-        return poisonOf(
-          received,
-          progress.fields,
-          `kind "${envelope.kind}" is not accepted by ${consumer.name} (accepts ${accepted})`,
-        );
-      }
-      progress.stage = "data";
-      progress.kind = envelope.kind;
-      const parsed = parseData(consumer.schema, envelope.data);
-      // Only a schema with an async refinement or transform makes this wait:
-      // every other delivery goes on without a turn of the event loop.
-      if (parsed instanceof Promise) return this.#decodeLater(progress, received, envelope, parsed);
-      return this.#decoded(progress, received, envelope, parsed);
-    } catch (thrown) {
-      return this.#thrownWhileDecoding(progress, thrown);
-    }
-  }
-
-  async #decodeLater(
-    progress: DecodeProgress,
-    received: ReceivedPayload,
-    envelope: Envelope,
-    parsing: Promise<z.ZodSafeParseResult<z.output<TSchema>>>,
-  ): Promise<Decoded<z.output<TSchema>>> {
-    try {
-      return this.#decoded(progress, received, envelope, await parsing);
-    } catch (thrown) {
-      return this.#thrownWhileDecoding(progress, thrown);
-    }
-  }
-
-  /** The verdict once the data is parsed; the ordering key is computed here (it may throw). */
-  #decoded(
-    progress: DecodeProgress,
-    received: ReceivedPayload,
-    envelope: Envelope,
-    parsed: z.ZodSafeParseResult<z.output<TSchema>>,
-  ): Decoded<z.output<TSchema>> {
-    const consumer = this.#consumer;
-    if (!parsed.success) {
-      return poisonOf(
-        received,
-        progress.fields,
-        `invalid data for ${envelope.kind}: ${formatIssues(parsed.error).join("; ")}`,
-      );
-    }
-    let lockKey: string | undefined;
-    if (consumer.orderingKey) {
-      progress.stage = "ordering key";
-      const key: unknown = consumer.orderingKey(parsed.data, envelope);
-      if (typeof key !== "string") {
-        return poisonOf(
-          received,
-          progress.fields,
-          `${stageText(progress, consumer.name)}: it returned ${typeof key}, not a string`,
-        );
-      }
-      // The consumer name prefixes the ordering key ("|" cannot occur in a
-      // name), so two consumers never wait on each other; Postgres text cannot hold NUL.
-      lockKey = `${consumer.name}|${key.replaceAll("\u0000", "")}`;
-    }
-    return { ok: true, received, envelope, parsed: { data: parsed.data }, lockKey };
-  }
-
-  /** Poison, for whatever a stage of `#decode` threw; never throws itself. */
-  #thrownWhileDecoding(progress: DecodeProgress, thrown: unknown): Decoded<never> {
-    const received = progress.received ?? { text: "", encoding: "utf8" };
-    let fields = progress.fields;
-    if (fields.job_id === undefined && received.value !== undefined) {
-      try {
-        fields = readableFields(received.value);
-      } catch {} // a value whose fields throw when read: nothing readable
-    }
-    let described: string;
-    try {
-      described = describeError(thrown);
-    } catch {
-      described = "something that cannot even be described"; // e.g. a Proxy that throws on every read
-    }
-    let name: string;
-    try {
-      name = thrown instanceof Error ? thrown.name : typeof thrown;
-    } catch {
-      name = "a value that cannot be read";
-    }
-    const stage = stageText(progress, this.#consumer.name);
-    return poisonOf(received, fields, `${stage} threw ${described}`, `${stage} threw ${name}`);
   }
 
   /**
@@ -843,7 +712,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     const { row, error } = written;
     if (input.envelope.job_id !== undefined) this.#unwrittenLetters.delete(input.envelope.job_id);
     if (written.inserted) {
-      this.#alert({
+      this.#alerts.send({
         deadLetterId: written.id,
         jobId: row.jobId,
         queue: this.queue,
@@ -860,57 +729,9 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return this.#finish(outcome, { outcome, ack: true, deadLetterId: written.id, errorClass: input.errorClass });
   }
 
-  /**
-   * Fire and forget: the row is the evidence, the alert only points at it. A
-   * transport whose process may end once it answers waits for it with `flushAlerts`.
-   */
-  #alert(alert: DeadLetterAlert): void {
-    const failed = (thrown: unknown) => {
-      this.#metrics.alertFailed({ queue: this.queue, consumer: this.name });
-      this.#logger.warn(`dead-letter alert failed: ${describeError(thrown)}`, { deadLetterId: alert.deadLetterId });
-    };
-    this.#alertsToFlush = true;
-    try {
-      const sent = Promise.resolve(this.#alerts.deadLetterCreated(alert)).catch(failed);
-      this.#alertsInFlight.add(sent);
-      void sent.finally(() => this.#alertsInFlight.delete(sent));
-    } catch (thrown) {
-      failed(thrown);
-    }
-  }
-
-  async flushAlerts(): Promise<void> {
-    if (this.#alertsToFlush) {
-      this.#alertsToFlush = false;
-      const flushing = this.#flushAlertsNow(this.#alertFlush);
-      this.#alertFlush = flushing;
-      void flushing.finally(() => {
-        if (this.#alertFlush === flushing) this.#alertFlush = undefined;
-      });
-    }
-    // Another caller may have taken the flag for an alert of ours: its flush covers it.
-    await this.#alertFlush;
-  }
-
-  /** Bounded: an alert sink that hangs never holds a delivery's answer (a push route's response) past `alertFlushTimeoutMs`. */
-  async #flushAlertsNow(previous: Promise<void> | undefined): Promise<void> {
-    await previous;
-    let timer: NodeJS.Timeout | undefined;
-    const gaveUp = new Promise<"timeout">((resolve) => {
-      timer = setTimeout(resolve, this.#alertFlushTimeoutMs, "timeout");
-    });
-    try {
-      const flushed = Promise.allSettled([...this.#alertsInFlight]).then(() => this.#alerts.flush?.());
-      if ((await Promise.race([flushed, gaveUp])) === "timeout") {
-        flushed.catch(() => {}); // settles later, or never: nobody waits for it
-        throw new Error(`the alert sink did not flush within ${this.#alertFlushTimeoutMs} ms`);
-      }
-    } catch (thrown) {
-      this.#metrics.alertFailed({ queue: this.queue, consumer: this.name });
-      this.#logger.warn(`dead-letter alerts could not be flushed: ${describeError(thrown)}`);
-    } finally {
-      clearTimeout(timer);
-    }
+  /** Resolves once this consumer's alerts reached the sink (or gave up after `alertFlushTimeoutMs`). */
+  flushAlerts(): Promise<void> {
+    return this.#alerts.flush();
   }
 }
 
@@ -955,66 +776,11 @@ function dueAtOf(delivery: Delivery, envelope: Envelope): number {
     : jobCreatedAt(envelope.job_id);
 }
 
-/**
- * How far `#decode` got, for the poison message of whatever throws: the
- * stage's text is only made then, not for every delivery.
- */
-interface DecodeProgress {
-  received: ReceivedPayload | undefined;
-  fields: DeadLetterInput["envelope"];
-  stage: "payload" | "envelope" | "data" | "ordering key";
-  /** The envelope's kind, once read. */
-  kind: string;
-}
-
-function stageText(progress: DecodeProgress, consumerName: string): string {
-  switch (progress.stage) {
-    case "payload":
-      return "decoding the payload";
-    case "envelope":
-      return "reading the envelope";
-    case "data":
-      return `validating data for ${progress.kind}`;
-    case "ordering key":
-      return `computing ${consumerName}'s ordering key`;
-  }
-}
-
-/** A poison verdict of `#decode` (a module function: no closure made per delivery). */
-function poisonOf(
-  received: ReceivedPayload,
-  fields: DeadLetterInput["envelope"],
-  error: string,
-  alertError?: string,
-): Decoded<never> {
-  return { ok: false, received, fields, error, ...(alertError === undefined ? {} : { alertError }) };
-}
-
 /** `classifyFailure`, and a transient failure for a thrown value that throws when read (hostile getters). */
 function classifySafely(thrown: unknown): ReturnType<typeof classifyFailure> {
   try {
     return classifyFailure(thrown);
   } catch {
     return { failureClass: "transient", message: "the handler threw a value that cannot be read" };
-  }
-}
-
-/**
- * Synchronous parse (most schemas), and the async one only for a schema with
- * an async refinement or transform, which Zod refuses to run synchronously.
- */
-function parseData<TSchema extends z.ZodType>(
-  schema: TSchema,
-  data: unknown,
-): z.ZodSafeParseResult<z.output<TSchema>> | Promise<z.ZodSafeParseResult<z.output<TSchema>>> {
-  try {
-    return schema.safeParse(data);
-  } catch (thrown) {
-    let needsAsync = false;
-    try {
-      needsAsync = (thrown as { constructor?: { name?: unknown } })?.constructor?.name === "$ZodAsyncError";
-    } catch {} // a thrown value that throws when read: not Zod's, rethrown as it is
-    if (needsAsync) return schema.safeParseAsync(data);
-    throw thrown;
   }
 }

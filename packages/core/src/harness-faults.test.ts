@@ -11,11 +11,10 @@ import { drizzle } from "drizzle-orm/postgres-js";
 import pgDriver from "pg";
 import postgres from "postgres";
 import { afterAll, describe, expect, test } from "vitest";
-import { z } from "zod";
-import { effects, silentLogger, useEffectsDatabase } from "../test/fixtures.ts";
+import { effects, silentLogger, testConsumers, type testJobSchema, useEffectsDatabase } from "../test/fixtures.ts";
 import { createMemoryQueue } from "./adapters/memory/index.ts";
 import { createManualClock } from "./clock.ts";
-import { bindConsumer, type ConsumerDefinition, defineConsumer } from "./consumer.ts";
+import { bindConsumer, type ConsumerDefinition } from "./consumer.ts";
 import { createEnvelope, type Envelope } from "./envelope.ts";
 import { PermanentError } from "./errors.ts";
 
@@ -32,17 +31,9 @@ function pool(max: number) {
   return drizzle({ client });
 }
 
-const schema = z.object({ n: z.number().int() });
-let seq = 0;
-function consumer(
-  handle: ConsumerDefinition<typeof schema>["handle"],
-  extra: Partial<ConsumerDefinition<typeof schema>> = {},
-) {
-  seq += 1;
-  return defineConsumer({ name: `faults.c${seq}`, queue: `faults.q${seq}`, kind: "test.v1", schema, handle, ...extra });
-}
+const consumer = testConsumers("faults");
 /** A consumer whose handler records one effect per run and counts its runs. */
-function countingConsumer(extra: Partial<ConsumerDefinition<typeof schema>> = {}) {
+function countingConsumer(extra: Partial<ConsumerDefinition<typeof testJobSchema>> = {}) {
   const counter = { runs: 0 };
   const definition = consumer(async (data, { tx, envelope }) => {
     counter.runs += 1;

@@ -4,9 +4,8 @@
  * the delivery's outcome is what the database says. Real Postgres.
  */
 import { describe, expect, test } from "vitest";
-import { z } from "zod";
-import { effects, useEffectsDatabase } from "../test/fixtures.ts";
-import { bindConsumer, defineConsumer, type HarnessDeps } from "./consumer.ts";
+import { effects, testConsumers, useEffectsDatabase } from "../test/fixtures.ts";
+import { bindConsumer, type HarnessDeps } from "./consumer.ts";
 import { createEnvelope } from "./envelope.ts";
 import { PermanentError } from "./errors.ts";
 import type { AlertPort } from "./ports/alerts.ts";
@@ -14,21 +13,12 @@ import type { Logger } from "./ports/logger.ts";
 import type { MetricsPort } from "./ports/metrics.ts";
 
 const pg = useEffectsDatabase("observers");
-const schema = z.object({ n: z.number().int() });
-let seq = 0;
-function consumer(fail?: "permanent") {
-  seq += 1;
-  return defineConsumer({
-    name: `observers.c${seq}`,
-    queue: `observers.q${seq}`,
-    kind: "test.v1",
-    schema,
-    async handle(data, { tx, envelope }) {
-      if (fail === "permanent") throw new PermanentError("rejected");
-      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-    },
+const make = testConsumers("observers");
+const consumer = (fail?: "permanent") =>
+  make(async (data, { tx, envelope }) => {
+    if (fail === "permanent") throw new PermanentError("rejected");
+    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
   });
-}
 const throwingMetrics: MetricsPort = {
   jobProcessed() {
     throw new Error("metrics exporter exploded");

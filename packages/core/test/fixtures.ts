@@ -3,7 +3,7 @@ import { integer, pgTable, text, uuid } from "drizzle-orm/pg-core";
 import type postgres from "postgres";
 import { beforeAll, beforeEach } from "vitest";
 import { z } from "zod";
-import { defineConsumer } from "../src/consumer.ts";
+import { type ConsumerDefinition, defineConsumer } from "../src/consumer.ts";
 import type { AlertPort, DeadLetterAlert } from "../src/ports/alerts.ts";
 import type { Logger } from "../src/ports/logger.ts";
 import type { JobMetricAttributes, MetricsPort } from "../src/ports/metrics.ts";
@@ -111,4 +111,29 @@ export function useEffectsDatabase(
     await pg.sql.unsafe(`truncate ${tables} cascade`);
   });
   return pg;
+}
+
+/** The data of the `test.v1` consumers made by `testConsumers`. */
+export const testJobSchema = z.object({ n: z.number().int() });
+
+/**
+ * Makes `test.v1` consumers with names of their own (`<prefix>.c1`, queue
+ * `<prefix>.q1`, …), so each test's fences and letters are its own.
+ */
+export function testConsumers(prefix: string) {
+  let seq = 0;
+  return (
+    handle: ConsumerDefinition<typeof testJobSchema>["handle"],
+    extra: Partial<ConsumerDefinition<typeof testJobSchema>> = {},
+  ) => {
+    seq += 1;
+    return defineConsumer({
+      name: `${prefix}.c${seq}`,
+      queue: `${prefix}.q${seq}`,
+      kind: "test.v1",
+      schema: testJobSchema,
+      handle,
+      ...extra,
+    });
+  };
 }

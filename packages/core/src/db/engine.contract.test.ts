@@ -8,34 +8,18 @@
  */
 import { sql } from "drizzle-orm";
 import { afterEach, describe, expect, test } from "vitest";
-import { z } from "zod";
 import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
-import { effects, silentLogger } from "../../test/fixtures.ts";
-import { bindConsumer, type ConsumerDefinition, defineConsumer } from "../consumer.ts";
+import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
+import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
 import { PermanentError, RateLimitedError } from "../errors.ts";
 import { decideDeadLetter } from "./work-transaction.ts";
 
 const matrix = useDriverMatrix("engine-contract");
 
-const schema = z.object({ n: z.number().int() });
-let seq = 0;
-function consumer(
-  handle: ConsumerDefinition<typeof schema>["handle"],
-  extra: Partial<ConsumerDefinition<typeof schema>> = {},
-) {
-  seq += 1;
-  return defineConsumer({
-    name: `contract.c${seq}`,
-    queue: `contract.q${seq}`,
-    kind: "test.v1",
-    schema,
-    handle,
-    ...extra,
-  });
-}
+const consumer = testConsumers("contract");
 /** A consumer whose handler writes one effect per run and counts its runs. */
-function counting(extra: Partial<ConsumerDefinition<typeof schema>> = {}) {
+function counting(extra: Partial<ConsumerDefinition<typeof testJobSchema>> = {}) {
   const counter = { runs: 0 };
   const definition = consumer(async (data, { tx, envelope }) => {
     counter.runs += 1;
