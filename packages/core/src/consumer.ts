@@ -17,8 +17,11 @@ import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
 import {
   decideDeadLetter,
+  ROLLBACK_WAIT_MS,
   type RunInWorkTransaction,
+  runBoundMs,
   WorkNotStartedError,
+  withinMs,
   workTransactionFor,
 } from "./db/work-transaction.ts";
 import { ENVELOPE_FIELD_MAX, type Envelope, isJobId, jobCreatedAt } from "./envelope.ts";
@@ -97,11 +100,15 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    */
   readonly orderingKey?: (data: z.output<TSchema>, envelope: Envelope) => string;
   /**
-   * Bound on one run of the handler, in ms. On timeout the handler's `signal`
-   * fires, the transaction is rolled back, its connection destroyed, and the
-   * job is retried as a transient failure. Must be shorter than the
-   * transport's visibility timeout / lease, so a run is never still going when
-   * the message comes back (adapters check this when the consumer is bound).
+   * Bound on one run, in ms: one budget for the work transaction, from asking
+   * for a connection to COMMIT's answer (a wait for the connection or the
+   * ordering lock leaves the handler less of it). On timeout the handler's
+   * `signal` fires, the transaction is rolled back, its connection destroyed,
+   * and the job is retried as a transient failure. The whole delivery,
+   * `deliveryBoundMs` (2 × timeoutMs + 5 s: the run, ROLLBACK, the dead-letter
+   * decision), must be shorter than the transport's visibility timeout /
+   * lease, so a delivery is never still going when the message comes back
+   * (adapters check this when the consumer is subscribed).
    * @default DEFAULT_HANDLER_TIMEOUT_MS (25 s)
    */
   readonly timeoutMs?: number;
@@ -220,15 +227,26 @@ export interface HarnessDeps {
 }
 
 /**
- * How long before the fence TTL a copy must start, so that it finishes —
- * every bounded wait of its run (the connection, BEGIN + lock + fence, the
- * handler, COMMIT: each up to `timeoutMs`), the dead-letter decision — while
- * the fence it checks still exists; plus an allowance for clocks: the
- * worker's clock measures a copy's age, the database's stamps and expires
- * fences.
+ * The longest one delivery of this consumer can take, the real sum: its work
+ * transaction (one budget of `timeoutMs`, from asking for a connection to
+ * COMMIT's answer), ROLLBACK's allowance after a failure, then the dead-letter
+ * decision (bounded by `timeoutMs` too, its connection included). A transport
+ * refuses a consumer whose bound is not below its visibility timeout or lease
+ * (`checkDeliveryBound`): a delivery is never still going when its message is
+ * delivered again.
+ */
+export function deliveryBoundMs(consumer: Pick<Consumer, "timeoutMs">): number {
+  return runBoundMs(consumer.timeoutMs) + consumer.timeoutMs;
+}
+
+/**
+ * How long before the fence TTL a copy must start, so that it finishes — the
+ * whole delivery (`deliveryBoundMs`) — while the fence it checks still
+ * exists; plus an allowance for clocks: the worker's clock measures a copy's
+ * age, the database's stamps and expires fences.
  */
 export function fenceTtlMarginMs(consumer: Pick<Consumer, "timeoutMs">): number {
-  return 5 * consumer.timeoutMs + FENCE_TTL_CLOCK_ALLOWANCE_MS;
+  return deliveryBoundMs(consumer) + FENCE_TTL_CLOCK_ALLOWANCE_MS;
 }
 /** What fenceTtlMarginMs allows for the difference between the workers' clocks and the database's. */
 export const FENCE_TTL_CLOCK_ALLOWANCE_MS = 300_000;
@@ -294,6 +312,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly name: string;
   readonly queue: string;
   readonly timeoutMs: number;
+  readonly deliveryBoundMs: number;
   /** Calls to the metrics port and the logger that threw or rejected (they never change an outcome). */
   readonly observerFailures = new ObserverFailures();
   readonly #consumer: Consumer<TSchema>;
@@ -321,6 +340,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.name = consumer.name;
     this.queue = consumer.queue;
     this.timeoutMs = consumer.timeoutMs;
+    this.deliveryBoundMs = deliveryBoundMs(consumer);
     this.#db = deps.db;
     this.#runInWorkTransaction = workTransactionFor(deps.db, { pipeline: deps.pipeline !== false });
     // Observers never change an outcome: every call to them is guarded (ports/observers.ts).
@@ -347,7 +367,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       const margin = fenceTtlMarginMs(consumer);
       if (!(Number.isFinite(deps.fenceTtlMs) && deps.fenceTtlMs > 2 * margin)) {
         throw new InvalidConfigError(
-          `consumer "${consumer.name}": fenceTtlMs must be a number of milliseconds above twice its fence TTL margin (${2 * margin} ms: 5 × timeoutMs + ${FENCE_TTL_CLOCK_ALLOWANCE_MS} ms for clocks), got ${deps.fenceTtlMs}`,
+          `consumer "${consumer.name}": fenceTtlMs must be a number of milliseconds above twice its fence TTL margin (${2 * margin} ms: deliveryBoundMs, 2 × timeoutMs + ${ROLLBACK_WAIT_MS} ms, + ${FENCE_TTL_CLOCK_ALLOWANCE_MS} ms for clocks), got ${deps.fenceTtlMs}`,
         );
       }
       this.#runnableForMs = deps.fenceTtlMs - margin;
@@ -673,7 +693,14 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   async #deadLetter(input: DeadLetterInput): Promise<DeliveryResult> {
     let written: DeadLetterWrite;
     try {
-      written = await this.#writeDeadLetter(input, this.#db);
+      // Bounded like the decision: a pool that stays exhausted must not hold
+      // the delivery past its visibility timeout (a late write is the same
+      // bytes' letter, which the redelivery folds into).
+      written = await withinMs(
+        this.#writeDeadLetter(input, this.#db),
+        this.timeoutMs,
+        () => new Error(`the letter was not written within timeoutMs (${this.timeoutMs} ms)`),
+      );
     } catch (thrown) {
       return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
     }

@@ -26,7 +26,13 @@ export type {
   HarnessDeps,
   WorkTransaction,
 } from "./consumer.ts";
-export { bindConsumer, defineConsumer, FENCE_TTL_CLOCK_ALLOWANCE_MS, fenceTtlMarginMs } from "./consumer.ts";
+export {
+  bindConsumer,
+  defineConsumer,
+  deliveryBoundMs,
+  FENCE_TTL_CLOCK_ALLOWANCE_MS,
+  fenceTtlMarginMs,
+} from "./consumer.ts";
 export type {
   AlertWindowRow,
   DeadLetterErrorClass,
@@ -84,6 +90,7 @@ export type {
   QueuePort,
   ReplayLanePort,
 } from "./queue-port.ts";
+export { checkDeliveryBound } from "./queue-port.ts";
 export type { DeferralBackoff, RetryPolicy } from "./retry.ts";
 export {
   DEFAULT_DEFERRAL_HORIZON_MS,

@@ -1,4 +1,5 @@
 import type { Envelope } from "./envelope.ts";
+import { InvalidConfigError } from "./errors.ts";
 
 export interface PublishOptions {
   /** Hold the message back this long before its first delivery. @default 0 */
@@ -148,11 +149,17 @@ export interface BoundConsumer {
   readonly name: string;
   readonly queue: string;
   /**
-   * Longest a handler run may take (the harness aborts it after this). A
-   * transport refuses a consumer whose bound is not below its visibility
-   * timeout or lease, so a run is never still going when its message is redelivered.
+   * Longest a run may take, from asking for a connection to COMMIT (the
+   * harness aborts it after this).
    */
   readonly timeoutMs?: number;
+  /**
+   * Longest one delivery may take, every part of it: the work transaction,
+   * ROLLBACK after a failure, the dead-letter decision (`deliveryBoundMs`).
+   * What a transport checks against its visibility timeout or lease
+   * (`checkDeliveryBound`); `timeoutMs` where it is not given.
+   */
+  readonly deliveryBoundMs?: number;
   /**
    * The consumer's attempt budget (`RetryPolicy.maxAttempts`): a transport
    * whose provider drops a message after a number of deliveries refuses a cap
@@ -185,4 +192,22 @@ export interface BoundConsumer {
    * (serverless) awaits it before answering.
    */
   flushAlerts?(): Promise<void>;
+}
+
+/**
+ * A transport's check, when a consumer subscribes, that its deliveries end
+ * before their message can be handed out again: the whole delivery
+ * (`deliveryBoundMs`, else the handler's `timeoutMs`) must be below the
+ * visibility timeout or lease, `leaseMs`, that `lease` names.
+ */
+export function checkDeliveryBound(consumer: BoundConsumer, leaseMs: number, lease: string): void {
+  const bound = consumer.deliveryBoundMs ?? consumer.timeoutMs;
+  if (bound === undefined || bound < leaseMs) return;
+  const sum =
+    consumer.deliveryBoundMs === undefined
+      ? `its handler time bound (timeoutMs ${consumer.timeoutMs})`
+      : `one delivery's bound (deliveryBoundMs ${bound}: the work transaction's timeoutMs ${consumer.timeoutMs}, ROLLBACK's allowance, the dead-letter decision's timeoutMs)`;
+  throw new InvalidConfigError(
+    `consumer "${consumer.name}": ${sum} must be below ${lease}, or a delivery could still be going when its message is delivered again`,
+  );
 }

@@ -101,7 +101,7 @@ test("a dead letter due while Postgres is stopped is not acknowledged; once it i
     },
   });
 
-  const queue = createMemoryQueue({ concurrency: 4, visibilityTimeoutMs: 5_000 });
+  const queue = createMemoryQueue({ concurrency: 4, visibilityTimeoutMs: 14_000 });
   const events: (DeliveryEvent & { phase: "up" | "down" | "back" })[] = [];
   let phase: "up" | "down" | "back" = "up";
   queue.onDelivery((event) => events.push({ ...event, phase }));
@@ -136,10 +136,11 @@ test("a dead letter due while Postgres is stopped is not acknowledged; once it i
         events.some((e) => e.messageId === rejectedId && e.phase === "down" && e.result.outcome !== "deferred") &&
         events.some((e) => e.messageId === doomedId && e.phase === "down" && e.result.outcome !== "deferred"),
     );
-    // Long enough for redeliveries (visibility 5 s) and deferrals to come and go while it is down.
+    // Long enough for redeliveries (visibility 14 s: above the consumers'
+    // whole delivery, 2 × 4 s + 5 s) and deferrals to come and go while it is down.
     const downEvents = () => events.filter((e) => e.phase === "down").length;
     const settledAtFailure = downEvents();
-    await sleep(6_000);
+    await sleep(15_000);
     const settledWhileDown = downEvents() - settledAtFailure;
 
     // Before the start, not after: the server takes connections before

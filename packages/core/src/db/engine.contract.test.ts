@@ -389,14 +389,123 @@ describe.each(matrix)("on %s", (c) => {
           body: body(e),
           deliveryCount: 6,
         });
+        // The client gives up at timeoutMs; the server ends the probe's wait
+        // itself at its own bound (timeoutMs + 1 s), while the key is still held.
         expect(result).toMatchObject({
           outcome: "dead_letter_failed",
           ack: false,
-          error: expect.stringMatching(/statement timeout/),
+          error: expect.stringMatching(/did not end within timeoutMs \(300 ms\)/),
         });
+        let holderEnded = false;
+        void holding
+          .catch(() => {})
+          .finally(() => {
+            holderEnded = true;
+          });
+        for (;;) {
+          const [row] = await c.rows<{ n: number }>(
+            "select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'",
+          );
+          if (row?.n === 0) break;
+          await sleep(20);
+        }
+        expect(holderEnded).toBe(false);
         expect(counter.runs).toBe(0);
         await holding.catch(() => {});
         expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+      });
+
+      test("the work transaction has one budget, timeoutMs from asking for a connection: time spent waiting for it is not given again to the handler (#18 item 7)", async () => {
+        // One connection. The first job holds it for 0.7 × timeoutMs; the
+        // second waits for it, then its handler needs another 0.7 × timeoutMs:
+        // 1.4 × timeoutMs in all, past the run's one budget however fast or
+        // slow this machine is. Given a fresh timeoutMs per wait, it would commit.
+        const timeoutMs = 1_500;
+        const db = c.db(1);
+        const definition = consumer(
+          async (data, { tx, envelope, signal }) => {
+            await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+            await new Promise<void>((resolve) => {
+              const timer = setTimeout(resolve, 0.7 * timeoutMs);
+              signal.addEventListener("abort", () => {
+                clearTimeout(timer);
+                resolve();
+              });
+            });
+          },
+          { timeoutMs },
+        );
+        const bound = bindConsumer(definition, { db, logger: silentLogger });
+        const [a, b] = [job(30), job(31)];
+        const first = bound.deliver({ body: body(a), deliveryCount: 1 });
+        await sleep(50);
+        const second = bound.deliver({ body: body(b), deliveryCount: 1 });
+        expect(await first).toMatchObject({ outcome: "success" });
+        expect(await second).toMatchObject({
+          outcome: "retry",
+          error: expect.stringMatching(/did not finish within timeoutMs \(1500 ms/),
+        });
+        expect(await stateOf(c, b.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+        expect(await bound.deliver({ body: body(b), deliveryCount: 2 })).toMatchObject({ outcome: "success" });
+      });
+
+      test("the dead-letter decision is bounded on the client too: one that cannot get a connection within timeoutMs gives up, the delivery is not acknowledged, and it writes nothing later (#18 item 7)", async () => {
+        const { definition, counter } = counting({ timeoutMs: 300 });
+        const db = c.db(1);
+        const e = job(32);
+        // The pool's one connection is busy (a long job of another consumer) until the decision has given up.
+        let release = () => {};
+        const busy = db.transaction(async () => {
+          await new Promise<void>((r) => {
+            release = r;
+          });
+        });
+        await sleep(50);
+        const bound = bindConsumer(definition, { db, logger: silentLogger });
+        try {
+          // Past the budget: the dead-letter decision, which needs a connection.
+          expect(await bound.deliver({ body: body(e), deliveryCount: 6 })).toMatchObject({
+            outcome: "dead_letter_failed",
+            ack: false,
+            error: expect.stringMatching(/dead-letter decision did not end within timeoutMs \(300 ms\)/),
+          });
+        } finally {
+          release();
+        }
+        await busy;
+        // The decision given up on gets the connection now, and rolls back: the
+        // pool's next transaction runs after it on the same connection.
+        await db.transaction(async () => {});
+        expect(counter.runs).toBe(0);
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+        // The redelivery writes the letter once.
+        expect(await bound.deliver({ body: body(e), deliveryCount: 7 })).toMatchObject({ outcome: "dead_lettered" });
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+      });
+
+      test("a poison letter's write is bounded too: without a connection within timeoutMs, the delivery is not acknowledged (#18 item 7)", async () => {
+        const { definition } = counting({ timeoutMs: 300 });
+        const db = c.db(1);
+        let release = () => {};
+        const busy = db.transaction(async () => {
+          await new Promise<void>((r) => {
+            release = r;
+          });
+        });
+        await sleep(50);
+        const bound = bindConsumer(definition, { db, logger: silentLogger });
+        const poison = JSON.stringify({ ...job(33), data: { n: "not a number" } });
+        try {
+          expect(await bound.deliver({ body: poison, deliveryCount: 1 })).toMatchObject({
+            outcome: "dead_letter_failed",
+            ack: false,
+            error: expect.stringMatching(/not written within timeoutMs \(300 ms\)/),
+          });
+        } finally {
+          release();
+        }
+        await busy;
+        expect(await bound.deliver({ body: poison, deliveryCount: 2 })).toMatchObject({ outcome: "poison" });
       });
 
       test("two handlers that deadlock each other: the one the server picks is retried, and both jobs end with one effect", async () => {

@@ -13,7 +13,9 @@ export class WorkNotStartedError extends Error {
 /** The handler ran past its `timeoutMs`; its transaction was abandoned. Transient: the job is retried. */
 export class HandlerTimeoutError extends Error {
   constructor(timeoutMs: number) {
-    super(`the handler did not finish within timeoutMs (${timeoutMs} ms); its transaction was rolled back`);
+    super(
+      `the handler did not finish within timeoutMs (${timeoutMs} ms), the run's one budget from asking for a connection to COMMIT; its transaction was rolled back`,
+    );
     this.name = "HandlerTimeoutError";
   }
 }

@@ -6,9 +6,14 @@
  * below is enforced here, once.
  *
  * What it guarantees, and how (SPEC §4):
- * - every wait is bounded by the consumer's `timeoutMs`, each from its own
- *   start (one timer, `Deadline`): the connection, BEGIN + lock + fence, the
- *   handler, COMMIT. A connection given up on while it was busy is destroyed.
+ * - the whole run is bounded by the consumer's `timeoutMs`, one budget from
+ *   asking for a connection to COMMIT's answer (one timer, `Deadline`): the
+ *   connection, BEGIN + lock + fence, the handler and COMMIT share it, so
+ *   time spent waiting is never given again. ROLLBACK after a failure has a
+ *   fixed allowance of its own, and so does the dead-letter decision
+ *   (`decideDeadLetter`): `runBoundMs` and `DECISION` are the parts of the
+ *   sum a transport's visibility timeout is checked against. A connection
+ *   given up on while it was busy is destroyed.
  * - the transaction's settings are the harness's own, whatever the database
  *   or role says: READ COMMITTED (the fence's pending-letter check must read
  *   a letter committed while its insert waited; a snapshot taken at the
@@ -55,8 +60,9 @@ export interface FenceTarget {
   /** Serialise on this key (transaction-scoped advisory lock) before the fence. */
   readonly lockKey?: string | undefined;
   /**
-   * Bound on each wait of the run, in ms: the handler gets an AbortSignal that
-   * fires then, the transaction is abandoned and its connection destroyed;
+   * The run's one budget, in ms, from asking for a connection to COMMIT's
+   * answer: the handler's AbortSignal fires when it is spent, the transaction
+   * is abandoned and its connection destroyed;
    * the same bound (plus a grace) is set on the server as the transaction's
    * `statement_timeout` (a backend stuck in a statement does not see its
    * socket close).
@@ -243,27 +249,34 @@ export class RunSignal {
 }
 
 /**
- * One timer for every bounded wait of a job (the connection, BEGIN and fence,
- * the handler, COMMIT), each bounded by the same `ms` from its own start:
- * `within()` restarts the timer (`refresh()`, no new timer per wait), and when
- * it fires, the wait in progress ends with what its `expired` returns, after
- * that has done what it must (destroy the connection, abort the run). Between
- * two waits nothing is pending, so a firing then does nothing. This runs
- * per job, so it makes no timer or race per wait (#8: ratio_raw).
+ * The run's one budget: `ms` from when the run asks for a connection, shared
+ * by every wait in it (the connection, BEGIN + lock + fence, the handler, the
+ * commit check, COMMIT), so the whole work transaction ends within `ms`
+ * whatever part of it waited — the bound a transport's visibility timeout is
+ * checked against (`runBoundMs`). One timer per job, armed on the first wait;
+ * when it fires, the wait in progress ends with what its `expired` returns,
+ * after that has done what it must (destroy the connection, abort the run);
+ * a wait that begins after it fired ends at once the same way. This runs per
+ * job, so it makes no timer or race per wait (#8: ratio_raw).
  */
 class Deadline {
   readonly #ms: number;
   #timer: NodeJS.Timeout | undefined;
   #expire: (() => void) | undefined;
+  #spent = false;
   constructor(ms: number) {
     this.#ms = ms;
   }
 
-  /** `work`'s result if it comes within `ms` from now; else `expired()` is called and its error thrown. */
+  /** `work`'s result if it comes before the budget is spent; else `expired()` is called and its error thrown. */
   within<T>(work: Promise<T>, expired: () => Error): Promise<T> {
     if (this.#timer === undefined) this.#timer = setTimeout(fire, this.#ms, this);
-    else this.#timer.refresh();
     return new Promise<T>((resolve, reject) => {
+      if (this.#spent) {
+        work.catch(noop);
+        reject(expired());
+        return;
+      }
       this.#expire = () => reject(expired());
       work.then(
         (value) => {
@@ -278,8 +291,14 @@ class Deadline {
     });
   }
 
+  /** The budget is spent: a wait started now ends at once. */
+  get spent(): boolean {
+    return this.#spent;
+  }
+
   /** Called by the timer. */
   fire(): void {
+    this.#spent = true;
     const expire = this.#expire;
     this.#expire = undefined;
     expire?.();
@@ -318,7 +337,15 @@ function bounded(
 const noop = () => {};
 
 /** How long ROLLBACK may take before the connection is destroyed instead. */
-const ROLLBACK_WAIT_MS = 5_000;
+export const ROLLBACK_WAIT_MS = 5_000;
+
+/**
+ * The longest a work transaction with this `timeoutMs` can hold a delivery:
+ * its one budget, then ROLLBACK's allowance after a failure.
+ */
+export function runBoundMs(timeoutMs: number): number {
+  return timeoutMs + ROLLBACK_WAIT_MS;
+}
 
 /**
  * A connection within the deadline, else WorkNotStartedError (the delivery
@@ -390,6 +417,8 @@ async function runOn(
     // A pending letter: nothing runs, the fence (if written) is rolled back.
     if (typeof fence?.detail === "string") return letterOutcome(fence.detail);
     if (fence === undefined) return { status: "duplicate" };
+    // The fence took the whole budget: the handler does not start (rolled back, no attempt spent).
+    if (deadline.spent) throw new WorkNotStartedError(new StartTimeoutError(timeoutMs));
 
     // The handler's queries go through a gate that closes when its run is
     // over, before the engine sends COMMIT or ROLLBACK: a query it sends
@@ -442,6 +471,9 @@ async function runOn(
         throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
       }
     }
+    // COMMIT is sent only within the budget: once it is spent the run is
+    // over, and a COMMIT sent now would make an outcome nobody waits for.
+    if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
     let committed: string | undefined;
     try {
       committed = await deadline.within(
@@ -559,8 +591,14 @@ export async function decideDeadLetter<T>(
   },
   write: (tx: WorkTransaction) => Promise<T>,
 ): Promise<{ readonly status: "duplicate" } | { readonly status: "written"; readonly value: T }> {
-  const ms = serverTimeoutMs(target.timeoutMs ?? DEFAULT_TIMEOUT_MS);
-  return db.transaction(async (tx) => {
+  const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  const ms = serverTimeoutMs(timeoutMs);
+  // Bounded on the client too, from asking for a connection on: a pool that
+  // stays exhausted must not hold the delivery past its visibility timeout.
+  // A decision given up on never writes later: it rolls back at its next step.
+  let gaveUp = false;
+  const deciding = db.transaction(async (tx) => {
+    if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
     await tx.execute(sql`select set_config('statement_timeout', (case when s > 0 and s < ${ms} then ceil(s) else ${ms} end)::bigint || 'ms', true),
   set_config('idle_in_transaction_session_timeout', (case when i > 0 and i < ${ms} then ceil(i) else ${ms} end)::bigint || 'ms', true)
   from (select extract(epoch from current_setting('statement_timeout')::interval) * 1000 as s,
@@ -571,12 +609,42 @@ export async function decideDeadLetter<T>(
       ),
     );
     if (probe.length === 0) return { status: "duplicate" } as const;
+    if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
     const value = await write(tx as unknown as WorkTransaction);
     await tx.execute(
       sql`delete from core.processed_jobs where job_id = ${target.jobId} and consumer = ${target.consumer}`,
     );
+    if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
     return { status: "written", value } as const;
   }, DECISION_CONFIG);
+  return withinMs(deciding, timeoutMs, () => {
+    gaveUp = true;
+    return new DecisionTimeoutError(timeoutMs);
+  });
+}
+
+/** The dead-letter decision did not end within its consumer's `timeoutMs`. */
+export class DecisionTimeoutError extends Error {
+  constructor(timeoutMs: number) {
+    super(
+      `the dead-letter decision did not end within timeoutMs (${timeoutMs} ms): given up on, it rolls back at its next step`,
+    );
+    this.name = "DecisionTimeoutError";
+  }
+}
+
+/**
+ * `work`'s result if it comes within `ms`, else the error `expired` returns
+ * (`work` goes on; its late result or error is dropped). For the writes of a
+ * dead letter, which make their own transaction on the pool.
+ */
+export function withinMs<T>(work: Promise<T>, ms: number, expired: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(expired()), ms);
+  });
+  work.catch(noop);
+  return Promise.race([work, late]).finally(() => clearTimeout(timer));
 }
 
 /** The decision reads the fence key after waiting on it: READ COMMITTED, like the work transaction. */

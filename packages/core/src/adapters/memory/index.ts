@@ -13,13 +13,14 @@ import { randomUUID } from "node:crypto";
 import { type Clock, systemClock } from "../../clock.ts";
 import { type Envelope, parseEnvelope } from "../../envelope.ts";
 import { describeError, InvalidConfigError, QueueClosedError } from "../../errors.ts";
-import type {
-  BoundConsumer,
-  DeliveryResult,
-  PublishOptions,
-  PublishReceipt,
-  QueuePort,
-  ReplayLanePort,
+import {
+  type BoundConsumer,
+  checkDeliveryBound,
+  type DeliveryResult,
+  type PublishOptions,
+  type PublishReceipt,
+  type QueuePort,
+  type ReplayLanePort,
 } from "../../queue-port.ts";
 import { timerDelay } from "../../timers.ts";
 import { nonNegative, positive, positiveInteger } from "../../validate.ts";
@@ -40,12 +41,13 @@ export interface MemoryQueueOptions {
    * back after this. A delivery still unsettled this long after it started
    * is treated like a crash: the message comes back at once (its delivery
    * count one higher), and a late result of the abandoned delivery is
-   * ignored. A consumer's `timeoutMs` must be below it. Clock time. @default 30_000
+   * ignored. A consumer's whole delivery (`deliveryBoundMs`: 2 × timeoutMs + 5 s)
+   * must be below it. Clock time. @default 60_000 (above the 55 s of a consumer's default 25 s timeoutMs)
    */
   readonly visibilityTimeoutMs?: number;
   /**
    * Longest `close()` waits for deliveries in flight before it returns
-   * without them. Real time. @default 30_000
+   * without them. Real time. @default 60_000
    */
   readonly closeTimeoutMs?: number;
   /**
@@ -179,7 +181,7 @@ class InMemoryQueue implements MemoryQueue {
     this.#clock = options.clock ?? systemClock;
     this.#concurrency = positiveInteger(options.concurrency ?? 4, "concurrency");
     this.#replayConcurrency = positiveInteger(options.replayConcurrency ?? 1, "replayConcurrency");
-    this.#visibilityTimeoutMs = positive(options.visibilityTimeoutMs ?? 30_000, "visibilityTimeoutMs");
+    this.#visibilityTimeoutMs = positive(options.visibilityTimeoutMs ?? 60_000, "visibilityTimeoutMs");
     this.#closeTimeoutMs = nonNegative(options.closeTimeoutMs ?? 30_000, "closeTimeoutMs");
     this.#stuckAfterMs = nonNegative(options.stuckAfterMs ?? 10_000, "stuckAfterMs");
     this.#dedupWindowMs = nonNegative(options.dedupWindowMs ?? 86_400_000, "dedupWindowMs");
@@ -278,12 +280,11 @@ class InMemoryQueue implements MemoryQueue {
     if (this.#closed) throw new QueueClosedError();
     if (typeof consumer?.deliver !== "function")
       throw new InvalidConfigError("subscribe() takes a consumer from bindConsumer()");
-    const { timeoutMs } = consumer;
-    if (timeoutMs !== undefined && !(timeoutMs < this.#visibilityTimeoutMs)) {
-      throw new InvalidConfigError(
-        `consumer "${consumer.name}": its handler time bound (timeoutMs ${timeoutMs}) must be below this queue's visibility timeout (${this.#visibilityTimeoutMs} ms), or a run that timed out could still be going when its message is delivered again`,
-      );
-    }
+    checkDeliveryBound(
+      consumer,
+      this.#visibilityTimeoutMs,
+      `this queue's visibility timeout (${this.#visibilityTimeoutMs} ms)`,
+    );
     const list = this.#subscriptions.get(consumer.queue) ?? [];
     if (list.some((s) => s.consumer.name === consumer.name)) {
       throw new InvalidConfigError(`consumer "${consumer.name}" is already subscribed to "${consumer.queue}"`);

@@ -1,6 +1,7 @@
 import { describe, expect, test } from "vitest";
 import { queuePortContract } from "../../../test/queue-port-contract.ts";
 import { createManualClock } from "../../clock.ts";
+import { DEFAULT_HANDLER_TIMEOUT_MS, deliveryBoundMs } from "../../consumer.ts";
 import { createEnvelope } from "../../envelope.ts";
 import { InvalidConfigError, InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
 import type { BoundConsumer, Delivery, DeliveryResult } from "../../queue-port.ts";
@@ -417,6 +418,33 @@ describe("memory queue", () => {
       /timeoutMs 45000\) must be below this queue's visibility timeout \(30000 ms\)/,
     );
     queue.subscribe({ ...consumer, deliver: consumer.deliver, timeoutMs: 29_999 });
+    await queue.close();
+  });
+
+  test("subscribe() checks a consumer's whole delivery, not only its handler bound: deliveryBoundMs must be below the visibility timeout (#18 item 7)", async () => {
+    const queue = createMemoryQueue({ visibilityTimeoutMs: 40_000 });
+    const { consumer } = scripted("q", () => ack);
+    // timeoutMs alone would pass; the whole delivery (2 × 20 s + 5 s) does not.
+    expect(() =>
+      queue.subscribe({ ...consumer, deliver: consumer.deliver, timeoutMs: 20_000, deliveryBoundMs: 45_000 }),
+    ).toThrow(
+      /deliveryBoundMs 45000: the work transaction's timeoutMs 20000, .*must be below this queue's visibility timeout \(40000 ms\)/,
+    );
+    queue.subscribe({ ...consumer, deliver: consumer.deliver, timeoutMs: 15_000, deliveryBoundMs: 35_000 });
+    await queue.close();
+  });
+
+  test("the default queue takes a consumer with the default timeoutMs: 2 × 25 s + 5 s is below its 60 s visibility timeout", async () => {
+    const queue = createMemoryQueue();
+    const { consumer } = scripted("q", () => ack);
+    const defaults = deliveryBoundMs({ timeoutMs: DEFAULT_HANDLER_TIMEOUT_MS });
+    expect(defaults).toBe(55_000);
+    queue.subscribe({
+      ...consumer,
+      deliver: consumer.deliver,
+      timeoutMs: DEFAULT_HANDLER_TIMEOUT_MS,
+      deliveryBoundMs: defaults,
+    });
     await queue.close();
   });
 

@@ -36,14 +36,15 @@ import { type Envelope, parseEnvelope } from "../../envelope.ts";
 import { describeError, InvalidConfigError, InvalidEnvelopeError, QueueClosedError } from "../../errors.ts";
 import { consoleLogger, type Logger } from "../../ports/logger.ts";
 import type { MetricsPort } from "../../ports/metrics.ts";
-import type {
-  BoundConsumer,
-  Delivery,
-  DeliveryResult,
-  PublishOptions,
-  PublishReceipt,
-  QueuePort,
-  ReplayLanePort,
+import {
+  type BoundConsumer,
+  checkDeliveryBound,
+  type Delivery,
+  type DeliveryResult,
+  type PublishOptions,
+  type PublishReceipt,
+  type QueuePort,
+  type ReplayLanePort,
 } from "../../queue-port.ts";
 import { timerDelay } from "../../timers.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
@@ -1052,11 +1053,11 @@ class VercelQueueAdapter implements VercelQueue {
       throw new InvalidConfigError("the Vercel adapter takes a consumer from bindConsumer()");
     }
     const leaseMs = this.#config.visibilityTimeoutSeconds * 1000;
-    if (consumer.timeoutMs !== undefined && !(consumer.timeoutMs < leaseMs)) {
-      throw new InvalidConfigError(
-        `consumer "${consumer.name}": its handler time bound (timeoutMs ${consumer.timeoutMs}) must be below the lease (visibilityTimeoutSeconds ${this.#config.visibilityTimeoutSeconds} s), or a run that timed out could still be going when its message is delivered again`,
-      );
-    }
+    checkDeliveryBound(
+      consumer,
+      leaseMs,
+      `the lease (visibilityTimeoutSeconds ${this.#config.visibilityTimeoutSeconds} s)`,
+    );
     const group = toVercelTopic(consumer.name);
     const topic = toVercelTopic(consumer.queue);
     const cap = positiveInteger(maxDeliveries ?? DEFAULT_MAX_DELIVERIES, "maxDeliveries");

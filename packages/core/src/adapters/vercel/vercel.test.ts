@@ -113,6 +113,24 @@ describe("configuration", () => {
     await queue.close();
   });
 
+  test("a bound consumer whose whole delivery (2 × timeoutMs + 5 s) is not below the lease is refused, though its timeoutMs is (#18 item 7)", async () => {
+    const queue = createVercelQueue({
+      env: {},
+      region: "iad1",
+      token: "t",
+      deploymentId: null,
+      visibilityTimeoutSeconds: 60,
+    });
+    const tooLong = bind({ ...pointsConsumer(), timeoutMs: 30_000 });
+    expect(tooLong.deliveryBoundMs).toBe(65_000);
+    expect(() => queue.pushHandler(tooLong)).toThrow(
+      /deliveryBoundMs 65000: .*must be below the lease \(visibilityTimeoutSeconds 60 s\)/,
+    );
+    const fits = bind({ ...pointsConsumer(), timeoutMs: 27_000 });
+    expect(() => queue.pushHandler(fits)).not.toThrow();
+    await queue.close();
+  });
+
   test("importing @softcrum/core does not load @vercel/queue", () => {
     // Walk the static import graph of the core's entry point.
     const root = resolve(dirname(fileURLToPath(import.meta.url)), "../../index.ts");
