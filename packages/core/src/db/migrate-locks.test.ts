@@ -1,10 +1,12 @@
 /**
  * #18 item 6: a deploy never stalls live work. A migration statement that
- * needs a lock live work transactions hold (ALTER TABLE core.dead_letters …,
- * ACCESS EXCLUSIVE; every work transaction reads core.dead_letters for its
- * pending-letter check) waits at most `lockTimeoutMs`, then the file is rolled
- * back and tried again: meanwhile new jobs keep committing. Real Postgres,
- * a real long job in flight.
+ * needs a lock live work transactions hold (ALTER TABLE core.processed_jobs …,
+ * ACCESS EXCLUSIVE; every work transaction holds its fence row) waits at most
+ * `lockTimeoutMs`, then the file is rolled back and tried again: meanwhile
+ * new jobs keep committing. And a work transaction holds no lock on
+ * core.dead_letters at all (its pending-letter check reads
+ * core.pending_letter_keys), so the letters' table can change while the
+ * longest job runs. Real Postgres, a real long job in flight.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -22,14 +24,14 @@ afterAll(() => {
   for (const folder of folders) rmSync(folder, { recursive: true, force: true });
 });
 
-/** A migration set of one file: the kind of statement migration 0009 had. */
-function alterDeadLettersSet(name: string) {
+/** A migration set of one file: the kind of statement migration 0009 had, on `table`. */
+function alterSet(name: string, table: "dead_letters" | "processed_jobs") {
   const folder = mkdtempSync(join(tmpdir(), "softcrum-lock-migrations-"));
   folders.push(folder);
   mkdirSync(join(folder, "meta"));
   writeFileSync(
     join(folder, `${name}.sql`),
-    `ALTER TABLE "core"."dead_letters" ADD CONSTRAINT "${name}" CHECK (attempts < 1000000) NOT VALID;`,
+    `ALTER TABLE "core"."${table}" ADD CONSTRAINT "${name}" CHECK (consumer <> '') NOT VALID;`,
   );
   writeFileSync(join(folder, "meta", "_journal.json"), JSON.stringify({ entries: [{ tag: name, when: 1 }] }));
   return { migrationsFolder: folder, migrationsSchema: "drizzle", migrationsTable: `__lock_test_${name}` };
@@ -80,11 +82,11 @@ async function migrationWaitsOnALock() {
 }
 
 describe("a deploy never stalls live work (#18 item 6)", () => {
-  test("while a long job holds core.dead_letters, an ALTER of it gives way to live jobs, and applies once the long job ends", async () => {
+  test("while a long job holds a lock on core.processed_jobs (its fence), an ALTER of it gives way to live jobs, and applies once the long job ends", async () => {
     const { deliver, release, running } = liveAndLong();
     const long = deliver(0);
     await running;
-    const migrating = migratePostgres(pg.url, alterDeadLettersSet("lock_test_a"), {
+    const migrating = migratePostgres(pg.url, alterSet("lock_test_a", "processed_jobs"), {
       lockTimeoutMs: 200,
       lockRetryBaseMs: 50,
     });
@@ -99,13 +101,31 @@ describe("a deploy never stalls live work (#18 item 6)", () => {
     expect(check).toEqual({ convalidated: false });
   });
 
+  test("a long job in flight holds no lock on core.dead_letters: an ALTER of it applies on its first try while the job runs, and the job still commits (#18 item 6)", async () => {
+    const { deliver, release, running } = liveAndLong();
+    const long = deliver(0);
+    await running;
+    try {
+      const held = await pg.sql<{ mode: string }[]>`
+        select l.mode from pg_locks l join pg_stat_activity a on a.pid = l.pid
+        where l.relation = 'core.dead_letters'::regclass and a.datname = current_database() and a.state like 'idle in transaction%'`;
+      expect(held).toEqual([]);
+      expect(
+        await migratePostgres(pg.url, alterSet("lock_test_c", "dead_letters"), { lockTimeoutMs: 200, lockRetries: 0 }),
+      ).toEqual({ applied: ["lock_test_c"] });
+    } finally {
+      release();
+    }
+    expect(await long).toMatchObject({ outcome: "success" });
+  });
+
   test("when the lock never comes free within its retries, the run fails with an error that says why, and applies nothing", async () => {
     const { deliver, release, running } = liveAndLong();
     const long = deliver(0);
     await running;
     try {
       await expect(
-        migratePostgres(pg.url, alterDeadLettersSet("lock_test_b"), {
+        migratePostgres(pg.url, alterSet("lock_test_b", "processed_jobs"), {
           lockTimeoutMs: 100,
           lockRetries: 2,
           lockRetryBaseMs: 20,

@@ -189,6 +189,31 @@ export const deadLetterPayloads = core.table(
   ],
 );
 
+/**
+ * The pending letters' keys, kept by triggers on core.dead_letters (migration
+ * 0014): one row per (job_id, consumer) with a `pending_review` letter. The
+ * fence's pending-letter check (`core.pending_letter`) reads this table, not
+ * core.dead_letters, so a work transaction holds no lock on the letters'
+ * table for its handler run and a migration of it never waits on live jobs
+ * (#18 item 6). A replay or a discard changing a letter's status deletes its
+ * key in the same transaction, so the check's FOR SHARE still waits for it.
+ */
+export const pendingLetterKeys = core.table(
+  "pending_letter_keys",
+  {
+    jobId: text("job_id").notNull(),
+    consumer: text("consumer").notNull(),
+    deadLetterId: uuid("dead_letter_id")
+      .notNull()
+      .references(() => deadLetters.id, { onDelete: "cascade" }),
+    errorClass: text("error_class").notNull(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.jobId, t.consumer] }),
+    index("pending_letter_keys_dead_letter_id").on(t.deadLetterId),
+  ],
+);
+
 export type DeadLetterPayloadRow = typeof deadLetterPayloads.$inferSelect;
 export type DeadLetterRow = typeof deadLetters.$inferSelect;
 export type ProcessedJobRow = typeof processedJobs.$inferSelect;

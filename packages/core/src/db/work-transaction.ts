@@ -129,8 +129,10 @@ export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOp
 const LOCK_SQL = "select pg_advisory_xact_lock(hashtextextended($1, 0))";
 /**
  * The fence. For a new row (RETURNING runs only for an inserted one),
- * `core.pending_letter` (migration 0012) returns the job's pending dead letter
- * ("<id> <class>"), else NULL: a pending letter — written before, or by a
+ * `core.pending_letter` (migrations 0012, 0014) returns the job's pending
+ * dead letter ("<id> <class>"), else NULL, from `core.pending_letter_keys`,
+ * which triggers on core.dead_letters keep: the work transaction takes no
+ * lock on the letters' table, so a migration of it never waits on a job: a pending letter — written before, or by a
  * dead-letter decision that held the fence key while this insert waited for
  * it — means the handler must not run (its outside effects would happen for a
  * job waiting for review) and nothing may commit: never a fence beside a
