@@ -43,7 +43,10 @@ try {
 
   const ops = createOps({
     db: drizzle({ client: sql }),
-    queue: { publish: async () => ({ messageId: null }), schedule: async () => ({ messageId: null }) },
+    queue: {
+      publish: async () => ({ messageId: null, stored: true }),
+      schedule: async () => ({ messageId: null, stored: true }),
+    },
   });
   const pending = { status: "pending_review" } as const;
   const queries: [string, () => Promise<unknown>][] = [

@@ -302,7 +302,10 @@ describe("one poison message, one letter (#8 item 6)", () => {
     const bound = bindConsumer(consumer, deps());
     const ops = createOps({
       db: pg.db,
-      queue: { publish: async () => ({ messageId: null }), schedule: async () => ({ messageId: null }) },
+      queue: {
+        publish: async () => ({ messageId: null, stored: true }),
+        schedule: async () => ({ messageId: null, stored: true }),
+      },
     });
     await bound.deliver({ body: "<xml/>", deliveryCount: 1 });
     await bound.deliver({ body: "<xml/>", deliveryCount: 2 });
@@ -370,7 +373,10 @@ describe("a letter folds copies of the same bytes only (#18 item 4)", () => {
     expect(rows.map((r) => [r.jobId, r.payload, r.occurrences])).toEqual([[job.job_id, a, 4]]);
     const ops = createOps({
       db: pg.db,
-      queue: { publish: async () => ({ messageId: null }), schedule: async () => ({ messageId: null }) },
+      queue: {
+        publish: async () => ({ messageId: null, stored: true }),
+        schedule: async () => ({ messageId: null, stored: true }),
+      },
     });
     const detail = await ops.deadLetters.get(rows[0]?.id as string);
     expect(detail.otherPayloads.map((o) => [o.payloadText, o.occurrences])).toEqual([

@@ -31,6 +31,23 @@ export interface PublishOptions {
 export interface PublishReceipt {
   /** The transport's id for the message, when it gives one. */
   readonly messageId: string | null;
+  /**
+   * The transport says the message is stored (Vercel Queues: 201 with an
+   * id; the in-process queue: always). False when it only accepted it (a
+   * Vercel 202, "accepted for deferred processing": stored later, or never):
+   * a path that republishes treats that copy as unknown — it keeps the
+   * original, or publishes the job again later — and never as stored.
+   */
+  readonly stored: boolean;
+}
+
+/**
+ * Whether a receipt says its message is stored. A receipt of a port written
+ * before `stored` existed says so by its id (a null id was a 202).
+ */
+export function isStored(receipt: PublishReceipt | undefined): boolean {
+  if (receipt === undefined || receipt === null) return false;
+  return typeof receipt.stored === "boolean" ? receipt.stored : receipt.messageId !== null;
 }
 
 /**

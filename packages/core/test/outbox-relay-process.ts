@@ -19,7 +19,7 @@ const relay = createOutboxRelay({
       // Written synchronously, so the line is out before the kill.
       process.stdout.write(`PUBLISHED ${queue} ${JSON.stringify(payload)}\n`);
       process.kill(process.pid, "SIGKILL");
-      return { messageId: null };
+      return { messageId: null, stored: true };
     },
   },
 });

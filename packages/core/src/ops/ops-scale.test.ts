@@ -29,7 +29,10 @@ beforeAll(async () => {
   });
   ops = createOps({
     db,
-    queue: { publish: async () => ({ messageId: null }), schedule: async () => ({ messageId: null }) },
+    queue: {
+      publish: async () => ({ messageId: null, stored: true }),
+      schedule: async () => ({ messageId: null, stored: true }),
+    },
   });
 }, 120_000);
 

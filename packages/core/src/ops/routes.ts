@@ -130,7 +130,7 @@ export function replayTransportFor(
   if (!lanes) {
     return guarded(
       () => ({ ok: false, reason: "the queue adapter given to the operations has no replay lane (publishReplay)" }),
-      { publishReplay: async () => ({ messageId: null }) },
+      { publishReplay: async () => ({ messageId: null, stored: false }) },
     );
   }
   if (routes) return registeredReplay(lanes, routes);

@@ -177,8 +177,8 @@ describe("the outbox relay", () => {
     });
     const { queue, outcomes } = notifyQueue();
     const relay = createOutboxRelay({ db: pg.db, queue, logger: silentLogger });
-    expect(await relay.run()).toEqual({ published: 3, failed: 0, batches: 1 });
-    expect(await relay.run()).toEqual({ published: 0, failed: 0, batches: 1 });
+    expect(await relay.run()).toEqual({ published: 3, failed: 0, unconfirmed: 0, batches: 1 });
+    expect(await relay.run()).toEqual({ published: 0, failed: 0, unconfirmed: 0, batches: 1 });
     await queue.drain();
     expect(outcomes()).toEqual(["success", "success", "success"]);
     expect(await effectsOf("test.notify-partner")).toEqual({ n: 3, jobs: 3 });
@@ -295,7 +295,7 @@ describe("the outbox relay", () => {
             await bothHoldABatch;
           }
           published.set(payload.job_id, [...(published.get(payload.job_id) ?? []), relayName]);
-          return { messageId: null };
+          return { messageId: null, stored: true };
         },
       };
     };
@@ -346,7 +346,7 @@ describe("the outbox relay", () => {
     const recording: Pick<QueuePort, "publish"> = {
       async publish(_queue, payload, opts) {
         seen.push({ jobId: payload.job_id, opts });
-        return { messageId: null };
+        return { messageId: null, stored: true };
       },
     };
     const relay = createOutboxRelay({ db: pg.db, queue: recording, logger: silentLogger });

@@ -6,12 +6,21 @@
  * with FOR UPDATE SKIP LOCKED, publishes them, and marks them in the same
  * transaction. So several relays (one per worker process) share the work
  * without waiting on each other or publishing the same row twice in normal
- * operation. Delivery is at least once: a relay that dies after publishing
- * and before its COMMIT leaves the rows unmarked, and the next relay
- * publishes them again — the copy carries the same job_id, so the consuming
- * harness's fence turns it into a `duplicate`. A publish that fails is
- * retried later with growing backoff (the row's `available_at`); nothing is
- * ever dropped.
+ * operation. The batch's publishes share one bound, `publishTimeoutMs`: a
+ * transport that hangs keeps the transaction (its row locks, its connection,
+ * its xid) open that long at most, and the rows it did not reach stay due for
+ * the next batch, untouched.
+ *
+ * A row is marked published only when the transport says its message is
+ * stored (`PublishReceipt.stored`: a Vercel 201). The relay is a republishing
+ * path like the adapters' own, and reads every answer the same way: a 202
+ * ("accepted for deferred processing": stored later, or never), a 429, a 5xx,
+ * a timeout or a lost connection leaves the row unpublished, and it is
+ * published again after a growing backoff (the row's `available_at`). The
+ * row may be the job's only copy, so nothing unconfirmed is ever taken as
+ * stored. Publishing again is safe: the copy carries the same job_id, so the
+ * consuming harness's fence turns a second copy into a `duplicate` — as it
+ * does when a relay dies after publishing and before its COMMIT.
  */
 import { sql } from "drizzle-orm";
 import { LAST_ERROR_MAX } from "../db/schema.ts";
@@ -19,7 +28,7 @@ import type { AnyPgDatabase } from "../db/types.ts";
 import { describeError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
 import { consoleLogger, type Logger } from "../ports/logger.ts";
-import type { PublishOptions, QueuePort } from "../queue-port.ts";
+import { isStored, type PublishOptions, type QueuePort } from "../queue-port.ts";
 import { deferralDelayMs } from "../retry.ts";
 import { nonNegative, positiveInteger } from "../validate.ts";
 
@@ -30,10 +39,11 @@ export interface OutboxRelayOptions {
   /** Rows locked and published per transaction. @default 100 */
   readonly batchSize?: number;
   /**
-   * Longest one publish may take before the relay counts it as failed and
-   * moves on (the batch's transaction, and its row locks, stay short). A
-   * publish that still lands afterwards is published again later: a
-   * duplicate the consumer's fence absorbs. @default 10_000
+   * Longest the publishes of one batch may take together: the one in
+   * progress when it runs out counts as failed, the rows not reached stay
+   * due (the batch's transaction, and its row locks, stay short). A publish
+   * that still lands afterwards is published again later: a duplicate the
+   * consumer's fence absorbs. @default 10_000
    */
   readonly publishTimeoutMs?: number;
   /** How often `start()` looks for rows nobody woke it for (another process's, a failed publish's retry). @default 1_000 */
@@ -51,6 +61,11 @@ export interface OutboxRelayReport {
   readonly published: number;
   /** Rows whose publish failed; each comes back after a backoff. */
   readonly failed: number;
+  /**
+   * Rows the transport accepted without saying it stored them (a Vercel
+   * 202); each is published again after a backoff.
+   */
+  readonly unconfirmed: number;
   /** Transactions run. */
   readonly batches: number;
 }
@@ -77,6 +92,20 @@ export interface OutboxRelay {
   /** Deletes published rows older than `keepPublishedMs`, in bounded batches; returns how many. */
   prune(): Promise<number>;
 }
+
+/** A publish ran past what was left of its batch's `publishTimeoutMs`. */
+class BatchTimeoutError extends Error {
+  constructor(publishTimeoutMs: number, leftMs: number) {
+    super(
+      `publish did not settle within the batch's publishTimeoutMs (${publishTimeoutMs} ms, ${Math.round(leftMs)} ms left for it)`,
+    );
+    this.name = "BatchTimeoutError";
+  }
+}
+
+/** Why a row the transport accepted without confirming it is published again. */
+const UNCONFIRMED =
+  "the transport accepted the message without confirming it is stored (a Vercel 202: stored later, or never); not confirmed, so it is published again after a backoff (a copy that was stored is a duplicate the consumer's fence absorbs)";
 
 /** Backoff of a row whose publish failed: from about a second, doubling, up to 5 minutes. */
 const FAILED_PUBLISH_BACKOFF = { baseMs: 1_000, capMs: 300_000 } as const;
@@ -189,6 +218,7 @@ class Relay implements OutboxRelay {
   async #pass(maxBatches: number | undefined): Promise<OutboxRelayReport> {
     let published = 0;
     let failed = 0;
+    let unconfirmed = 0;
     let batches = 0;
     for (;;) {
       if (maxBatches !== undefined && batches >= maxBatches) break;
@@ -196,13 +226,17 @@ class Relay implements OutboxRelay {
       batches += 1;
       published += batch.published;
       failed += batch.failed;
+      unconfirmed += batch.unconfirmed;
       if (batch.locked < this.#batchSize || this.#stopped) break;
     }
-    return { published, failed, batches };
+    return { published, failed, unconfirmed, batches };
   }
 
-  /** One transaction: lock due rows, publish each, mark what was published, push back what failed. */
-  #batch(): Promise<{ locked: number; published: number; failed: number }> {
+  /**
+   * One transaction: lock due rows, publish them one after another within
+   * one bound for all, mark what is stored, push back what is not.
+   */
+  #batch(): Promise<{ locked: number; published: number; failed: number; unconfirmed: number }> {
     return this.#db.transaction(async (tx) => {
       const rows = rowsOf<DueRow>(
         await tx.execute(sql`
@@ -215,27 +249,33 @@ class Relay implements OutboxRelay {
           for update skip locked`),
       );
       const marked: { id: string; message_id: string | null }[] = [];
-      let failed = 0;
+      const later: { row: DueRow; error: string; unconfirmed: boolean }[] = [];
+      const until = performance.now() + this.#publishTimeoutMs;
       for (const row of rows) {
+        const leftMs = until - performance.now();
+        if (leftMs <= 0) break; // the batch's bound is spent: the rest stay due, untouched
         try {
-          const receipt = await this.#publish(row);
-          marked.push({ id: row.id, message_id: receipt?.messageId ?? null });
+          const receipt = await this.#publish(row, leftMs);
+          if (isStored(receipt)) marked.push({ id: row.id, message_id: receipt.messageId });
+          else later.push({ row, error: UNCONFIRMED, unconfirmed: true });
         } catch (thrown) {
-          failed += 1;
-          const error = describeError(thrown).slice(0, LAST_ERROR_MAX);
-          const delayMs = deferralDelayMs(row.attempts, FAILED_PUBLISH_BACKOFF, this.#random);
-          this.#logger.warn(`outbox relay: publishing row ${row.id} to "${row.queue}" failed: ${error}`, {
-            outboxId: row.id,
-            queue: row.queue,
-            attempts: row.attempts + 1,
-            retryInMs: delayMs,
-          });
-          await tx.execute(sql`
-            update core.outbox
-            set attempts = attempts + 1, last_error = ${error},
-                available_at = clock_timestamp() + make_interval(secs => ${delayMs / 1000})
-            where id = ${row.id}`);
+          later.push({ row, error: describeError(thrown).slice(0, LAST_ERROR_MAX), unconfirmed: false });
+          if (thrown instanceof BatchTimeoutError) break; // it took what was left of the bound
         }
+      }
+      for (const { row, error } of later) {
+        const delayMs = deferralDelayMs(row.attempts, FAILED_PUBLISH_BACKOFF, this.#random);
+        this.#logger.warn(`outbox relay: publishing row ${row.id} to "${row.queue}": ${error}`, {
+          outboxId: row.id,
+          queue: row.queue,
+          attempts: row.attempts + 1,
+          retryInMs: delayMs,
+        });
+        await tx.execute(sql`
+          update core.outbox
+          set attempts = attempts + 1, last_error = ${error},
+              available_at = clock_timestamp() + make_interval(secs => ${delayMs / 1000})
+          where id = ${row.id}`);
       }
       if (marked.length > 0) {
         await tx.execute(sql`
@@ -244,11 +284,13 @@ class Relay implements OutboxRelay {
           from jsonb_to_recordset(${JSON.stringify(marked)}::jsonb) as u(id uuid, message_id text)
           where o.id = u.id`);
       }
-      return { locked: rows.length, published: marked.length, failed };
+      const unconfirmed = later.filter((l) => l.unconfirmed).length;
+      return { locked: rows.length, published: marked.length, failed: later.length - unconfirmed, unconfirmed };
     });
   }
 
-  async #publish(row: DueRow) {
+  /** Publishes one row within `ms`, else rejects (the publish may still land: a copy the fence absorbs). */
+  async #publish(row: DueRow, ms: number) {
     const delayMs = Number(row.delay_ms ?? 0);
     const opts: PublishOptions = {
       ...(delayMs > 0 ? { delayMs } : {}),
@@ -256,10 +298,7 @@ class Relay implements OutboxRelay {
     };
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(
-        () => reject(new Error(`publish did not settle within ${this.#publishTimeoutMs} ms`)),
-        this.#publishTimeoutMs,
-      );
+      timer = setTimeout(() => reject(new BatchTimeoutError(this.#publishTimeoutMs, ms)), ms);
     });
     try {
       // The payload was validated when it was written; the port validates it again.

@@ -237,7 +237,7 @@ class InMemoryQueue implements MemoryQueue {
     const dedupKey = opts?.idempotencyKey === undefined ? undefined : `${queue}\u0000${opts.idempotencyKey}`;
     if (dedupKey !== undefined) {
       const seen = this.#dedup.get(dedupKey);
-      if (seen && seen.until > now) return { messageId: seen.messageId };
+      if (seen && seen.until > now) return { messageId: seen.messageId, stored: true };
     }
     const target = opts?.targetConsumer;
     const replay = opts?.replay === true;
@@ -273,7 +273,7 @@ class InMemoryQueue implements MemoryQueue {
       if (lane) this.#pump(lane);
       else this.#pumpQueue(queue);
     }
-    return { messageId: id };
+    return { messageId: id, stored: true };
   }
 
   subscribe(consumer: BoundConsumer): void {

@@ -850,7 +850,8 @@ class VercelQueueAdapter implements VercelQueue {
       // Only a key the caller chose: one derived from the job_id would swallow replays.
       ...(idempotencyKey !== undefined ? { idempotencyKey } : {}),
     });
-    return { messageId };
+    // 201 answers the id; 202 ("accepted for deferred processing") none: not known stored.
+    return { messageId, stored: messageId !== null };
   }
 
   pushHandler(consumer: BoundConsumer, route: VercelRouteOptions = {}): (request: Request) => Promise<Response> {
@@ -1511,7 +1512,7 @@ class VercelQueueAdapter implements VercelQueue {
     const hop = delaySeconds > this.#maxDelaySeconds;
     const until = notBefore ?? (hop ? this.#clock.now() + delaySeconds * 1000 : undefined);
     const wrapped = encodeWrapper({ ...head, ...(until !== undefined && hop ? { notBefore: until } : {}) }, body);
-    const { messageId } = await this.#send(
+    const { stored } = await this.#send(
       lane.topic,
       wrapped,
       Math.min(delaySeconds, this.#maxDelaySeconds),
@@ -1525,7 +1526,7 @@ class VercelQueueAdapter implements VercelQueue {
         body: message.payload,
       }),
     );
-    return messageId === null ? "accepted" : "stored";
+    return stored ? "stored" : "accepted";
   }
 
   #incident(incident: VercelIncident): void {

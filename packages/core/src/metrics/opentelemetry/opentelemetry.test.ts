@@ -95,7 +95,10 @@ describe("OpenTelemetry metrics", () => {
     await bound.deliver({ body: "garbage", deliveryCount: 1 });
     const ops = createOps({
       db: pg.db,
-      queue: { publish: async () => ({ messageId: null }), schedule: async () => ({ messageId: null }) },
+      queue: {
+        publish: async () => ({ messageId: null, stored: true }),
+        schedule: async () => ({ messageId: null, stored: true }),
+      },
     });
     const metrics = createOtelMetrics({
       meter: provider.getMeter("test"),
