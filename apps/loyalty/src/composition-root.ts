@@ -7,7 +7,8 @@
  * - otherwise: an embedded Postgres (PGlite), so the module runs with no
  *   server; it is created empty, so it is migrated here.
  * - SOFTCRUM_QUEUE=vercel (production): Vercel Queues, configured from the
- *   environment Vercel sets (VERCEL_REGION, OIDC, VERCEL_DEPLOYMENT_ID); the
+ *   environment Vercel sets (VERCEL_REGION, OIDC, VERCEL_DEPLOYMENT_ID) and
+ *   the queue secret you set (SOFTCRUM_QUEUE_SECRET, which signs deferrals); the
  *   consumer is served by a route file (`awardPointsRoute`) or a poll worker.
  *   It needs DATABASE_URL: an embedded database in a serverless function would
  *   lose its fences between invocations.

@@ -91,6 +91,7 @@ describe("pnpm ops replays only what reaches a consumer (#10 items 1, 5)", () =>
       VERCEL_REGION: "iad1",
       VERCEL_OIDC_TOKEN: "token-for-the-test",
       VERCEL_DEPLOYMENT_ID: "dpl_test",
+      SOFTCRUM_QUEUE_SECRET: "a-queue-secret-of-at-least-32-characters",
     };
     const composed = await openReplayTransport({ databaseUrl: pg.url }, vercel);
     try {

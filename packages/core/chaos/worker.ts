@@ -18,6 +18,7 @@ import {
   PermanentError,
   RateLimitedError,
 } from "../src/index.ts";
+import { TEST_QUEUE_SECRET } from "../test/fake-vercel-queues.ts";
 import { CHAOS_CONSUMER, type ChaosData, type ChaosWorkerConfig, chaosConsumer } from "./consumer.ts";
 import { seeded } from "./random.ts";
 
@@ -174,6 +175,7 @@ const queue = createVercelQueue({
   deploymentId: null,
   resolveBaseUrl: () => new URL(config.brokerUrl),
   visibilityTimeoutSeconds: config.visibilityTimeoutSeconds,
+  wrapperSecret: TEST_QUEUE_SECRET,
   env: {},
   logger: { warn: () => {}, error: () => {} },
 });

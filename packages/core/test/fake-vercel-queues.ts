@@ -47,6 +47,8 @@ const DAY_S = 86_400;
 const MAX_RETENTION_S = 604_800;
 const MAX_VISIBILITY_S = 3_600;
 export const FAKE_TOKEN = "test";
+/** The wrapper secret every adapter of a test shares (the adapter signs its deferrals with it). */
+export const TEST_QUEUE_SECRET = "test-queue-secret-of-at-least-32-characters";
 export const FAKE_REGION = "iad1";
 /** The service's documented largest message (100 MB). */
 export const FAKE_MAX_MESSAGE_BYTES = 100_000_000;
@@ -249,6 +251,8 @@ export interface FakeVercelQueues {
     token: string;
     deploymentId: null;
     resolveBaseUrl: (region: string) => URL;
+    /** The tests' wrapper secret (`TEST_QUEUE_SECRET`): the adapter's, not the service's. */
+    wrapperSecret: string;
   };
   /** Stores a message as if a producer on another stack had sent these bytes (no validation). */
   inject(
@@ -848,6 +852,7 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
       deploymentId: null,
       // The region is the first path segment, so the fake keeps regions apart.
       resolveBaseUrl: (r: string) => new URL(`${url}/${r}`),
+      wrapperSecret: TEST_QUEUE_SECRET,
     }),
     inject(topic, body, injectOptions = {}) {
       return store(

@@ -48,6 +48,9 @@ import {
 } from "../../queue-port.ts";
 import { timerDelay } from "../../timers.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
+import { MIN_WRAPPER_SECRET_LENGTH, WRAPPER_RESERVE_BYTES, WrapperCodec, type WrapperHead } from "./wrapper.ts";
+
+export { readVercelWrapper, type VercelWrapper, WRAPPER_RESERVE_BYTES } from "./wrapper.ts";
 
 /** Longest retention Vercel Queues documents (7 days; an earlier doc version said 24 h: configurable). */
 export const VERCEL_MAX_RETENTION_SECONDS = 604_800;
@@ -58,7 +61,6 @@ export const VERCEL_MAX_MESSAGE_BYTES = 100_000_000;
 /** Deliveries a push trigger makes when `vercelTrigger` is not told otherwise (what `vercel dev` does). */
 export const DEFAULT_MAX_DELIVERIES = 32;
 /** Room kept in every message for the wrapper the adapter may put around it (a deferral, a replay, a hop). */
-export const WRAPPER_RESERVE_BYTES = 1_024;
 const MIN_RETENTION_SECONDS = 60;
 const MIN_VISIBILITY_SECONDS = 30;
 const MAX_IDEMPOTENCY_KEY = 256;
@@ -123,6 +125,22 @@ export interface VercelQueueOptions {
   readonly onIncident?: (incident: VercelIncident) => void;
   /** Counts every incident (`MetricsPort.transportIncident`, e.g. `createOtelMetrics()`). @default none */
   readonly metrics?: Pick<MetricsPort, "transportIncident">;
+  /**
+   * The secret that signs the wrappers the adapter sends (deferrals, hops,
+   * rescues, delayed and addressed publishes): a wrapper says whom a job is
+   * for and the attempts it spent, so one not signed with it is an ordinary
+   * message (#19). At least 32 characters, the same in every deployment that
+   * publishes to or consumes these queues; keep it with the other secrets.
+   * @default env SOFTCRUM_QUEUE_SECRET; required
+   */
+  readonly wrapperSecret?: string;
+  /**
+   * Also read the unsigned wrappers of releases before #19: set it for the
+   * deploy that introduces signing, until the old deferrals have drained (at
+   * most `retentionSeconds`), then remove it — while it is set, a foreign
+   * producer can forge a wrapper. @default false
+   */
+  readonly acceptUnsignedWrappers?: boolean;
 }
 
 export interface VercelWorkerOptions {
@@ -325,6 +343,8 @@ export interface VercelQueueConfig {
   readonly maxMessageBytes: number;
   readonly visibilityTimeoutSeconds: number;
   readonly leaseRenewalMs: number;
+  readonly wrapperSecret: string;
+  readonly acceptUnsignedWrappers: boolean;
 }
 
 /**
@@ -408,6 +428,12 @@ export function resolveVercelQueueConfig(options: VercelQueueOptions = {}): Verc
       `leaseRenewalMs: must be above 0 and at most ${defaultRenewalMs} (a renewal must come well before the lease ends), got ${leaseRenewalMs}`,
     );
   }
+  const wrapperSecret = options.wrapperSecret ?? env["SOFTCRUM_QUEUE_SECRET"] ?? "";
+  if (typeof wrapperSecret !== "string" || wrapperSecret.length < MIN_WRAPPER_SECRET_LENGTH) {
+    problems.push(
+      `wrapperSecret: pass options.wrapperSecret or set SOFTCRUM_QUEUE_SECRET, at least ${MIN_WRAPPER_SECRET_LENGTH} characters (e.g. \`openssl rand -base64 32\`), the same in every deployment that uses these queues: it signs the wrappers of deferred and addressed jobs`,
+    );
+  }
   if (problems.length > 0) {
     throw new InvalidConfigError(`Vercel Queues adapter is not configured:\n- ${problems.join("\n- ")}`);
   }
@@ -421,6 +447,8 @@ export function resolveVercelQueueConfig(options: VercelQueueOptions = {}): Verc
     maxMessageBytes,
     visibilityTimeoutSeconds,
     leaseRenewalMs,
+    wrapperSecret,
+    acceptUnsignedWrappers: options.acceptUnsignedWrappers === true,
   };
 }
 
@@ -441,107 +469,6 @@ const rawTransport: Transport<Uint8Array> = {
     return Buffer.concat(chunks);
   },
 };
-
-/**
- * Every wrapper starts with these bytes. Version 1 (read only, for messages
- * sent before #11) is one JSON object holding the body as an escaped or
- * base64 string; version 2 is a one-line JSON header, a newline, then the
- * job's bytes unchanged, so a wrapper is never more than
- * `WRAPPER_RESERVE_BYTES` larger than what it carries.
- */
-const WRAPPER_MARK = '{"softcrum_deferral":';
-const WRAPPER_V1 = `${WRAPPER_MARK}1,`;
-const WRAPPER_V2 = `${WRAPPER_MARK}2,`;
-const NEWLINE = 0x0a;
-
-export interface VercelWrapper {
-  /** The consumer it is addressed to; undefined: every consumer of the queue (a delayed message). */
-  readonly consumer: string | undefined;
-  readonly attemptsSpent: number;
-  /** Earlier deliveries that ended deferred without spending an attempt; 0 when absent (older wrappers). */
-  readonly deferrals: number;
-  readonly body: string | Uint8Array;
-  /** When the job became due (ms since the epoch): a deferral does not make a job younger. */
-  readonly dueAt?: number;
-  /** Not to be delivered before this (ms since the epoch): a hop of a wait longer than one message can hold. */
-  readonly notBefore?: number;
-  /** An operator's replay (`PublishOptions.replay`), kept through deferrals. */
-  readonly replay?: boolean;
-}
-
-type WrapperHead = Omit<VercelWrapper, "body">;
-
-function encodeWrapper(head: WrapperHead, body: string | Uint8Array): Buffer {
-  // The mark stays the first bytes: readWrapper looks for it before parsing.
-  // Optional fields are left out, so older readers see what they know.
-  const fields = {
-    ...(head.consumer !== undefined ? { consumer: head.consumer } : {}),
-    attempts_spent: head.attemptsSpent,
-    ...(head.deferrals > 0 ? { deferrals: head.deferrals } : {}),
-    ...(head.dueAt !== undefined ? { due_at: head.dueAt } : {}),
-    ...(head.notBefore !== undefined ? { not_before: head.notBefore } : {}),
-    ...(head.replay ? { replay: true } : {}),
-  };
-  const header = `${WRAPPER_V2}${JSON.stringify(fields).slice(1)}\n`;
-  const bytes = typeof body === "string" ? Buffer.from(body, "utf8") : Buffer.from(body);
-  return Buffer.concat([Buffer.from(header, "utf8"), bytes]);
-}
-
-function readHead(value: Record<string, unknown>): WrapperHead | undefined {
-  const {
-    consumer,
-    attempts_spent: spent,
-    deferrals: deferred = 0,
-    due_at: dueAt,
-    not_before: notBefore,
-    replay,
-  } = value;
-  if (consumer !== undefined && typeof consumer !== "string") return undefined;
-  if (typeof spent !== "number" || !Number.isInteger(spent) || spent < 0) return undefined;
-  if (typeof deferred !== "number" || !Number.isInteger(deferred) || deferred < 0) return undefined;
-  return {
-    consumer,
-    attemptsSpent: spent,
-    deferrals: deferred,
-    ...(typeof dueAt === "number" && Number.isFinite(dueAt) ? { dueAt } : {}),
-    ...(typeof notBefore === "number" && Number.isFinite(notBefore) ? { notBefore } : {}),
-    ...(replay === true ? { replay: true } : {}),
-  };
-}
-
-/**
- * What a message body the adapter sent carries: the job's bytes (`body`,
- * exactly as published) and the wrapper's fields, or undefined for a plain
- * message. For tools and tests that read messages on the wire (a replay's
- * bytes, a deferral's attempts).
- */
-export function readVercelWrapper(bytes: Uint8Array): Readonly<VercelWrapper> | undefined {
-  return readWrapper(bytes);
-}
-
-/** The wrapper a body carries, or undefined for an ordinary message (anything malformed is ordinary: the harness judges it). */
-function readWrapper(bytes: Uint8Array): VercelWrapper | undefined {
-  if (bytes.length < WRAPPER_V2.length) return undefined;
-  const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const head = buffer.subarray(0, WRAPPER_V2.length).toString("latin1");
-  try {
-    if (head === WRAPPER_V2) {
-      const end = buffer.indexOf(NEWLINE);
-      if (end < 0) return undefined;
-      const parsed = readHead(JSON.parse(buffer.subarray(0, end).toString("utf8")) as Record<string, unknown>);
-      return parsed && { ...parsed, body: new Uint8Array(buffer.subarray(end + 1)) };
-    }
-    if (head === WRAPPER_V1) {
-      const value = JSON.parse(buffer.toString("utf8")) as Record<string, unknown>;
-      const parsed = readHead(value);
-      const { encoding, body } = value;
-      if (!parsed || typeof parsed.consumer !== "string" || typeof body !== "string") return undefined;
-      if (encoding === "utf8") return { ...parsed, body };
-      if (encoding === "base64") return { ...parsed, body: new Uint8Array(Buffer.from(body, "base64")) };
-    }
-  } catch {}
-  return undefined;
-}
 
 function byteLength(body: string | Uint8Array): number {
   return typeof body === "string" ? Buffer.byteLength(body, "utf8") : body.byteLength;
@@ -702,6 +629,7 @@ class VercelQueueAdapter implements VercelQueue {
   readonly #config: VercelQueueConfig;
   readonly #client: QueueClient;
   readonly #api: LeaseApi;
+  readonly #wrappers: WrapperCodec;
   readonly #clock: Clock;
   readonly #logger: Logger;
   readonly #onIncident: ((incident: VercelIncident) => void) | undefined;
@@ -726,6 +654,9 @@ class VercelQueueAdapter implements VercelQueue {
       ...(options.resolveBaseUrl ? { resolveBaseUrl: options.resolveBaseUrl } : {}),
     });
     this.#api = leaseApiOf(this.#client);
+    this.#wrappers = new WrapperCodec(this.#config.wrapperSecret, {
+      acceptUnsigned: this.#config.acceptUnsignedWrappers,
+    });
   }
 
   get transportHoldMs(): number {
@@ -827,7 +758,10 @@ class VercelQueueAdapter implements VercelQueue {
     idempotencyKey: string | undefined,
   ): Promise<PublishReceipt> {
     const hop = delaySeconds > this.#maxDelaySeconds;
-    const wrapped = encodeWrapper(hop ? { ...head, notBefore: this.#clock.now() + delaySeconds * 1000 } : head, body);
+    const wrapped = this.#wrappers.encode(
+      hop ? { ...head, notBefore: this.#clock.now() + delaySeconds * 1000 } : head,
+      body,
+    );
     return this.#send(topic, wrapped, hop ? this.#maxDelaySeconds : delaySeconds, idempotencyKey);
   }
 
@@ -1277,7 +1211,7 @@ class VercelQueueAdapter implements VercelQueue {
   async #process(lane: Lane, message: QueueMessage, expiresAt: number): Promise<Processed> {
     const { consumer } = lane;
     const bytes = message.payload;
-    const wrapper = readWrapper(bytes);
+    const wrapper = this.#wrappers.read(bytes);
     // Another consumer's copy (a deferral, a replay): this consumer has its own.
     if (wrapper?.consumer !== undefined && wrapper.consumer !== consumer.name) return { action: { kind: "ack" } };
     const body = wrapper ? wrapper.body : bytes;
@@ -1511,7 +1445,10 @@ class VercelQueueAdapter implements VercelQueue {
   ): Promise<"stored" | "accepted"> {
     const hop = delaySeconds > this.#maxDelaySeconds;
     const until = notBefore ?? (hop ? this.#clock.now() + delaySeconds * 1000 : undefined);
-    const wrapped = encodeWrapper({ ...head, ...(until !== undefined && hop ? { notBefore: until } : {}) }, body);
+    const wrapped = this.#wrappers.encode(
+      { ...head, ...(until !== undefined && hop ? { notBefore: until } : {}) },
+      body,
+    );
     const { stored } = await this.#send(
       lane.topic,
       wrapped,

@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, test } from "vitest";
-import { chaosFaults } from "../../../test/fake-vercel-queues.ts";
+import { chaosFaults, TEST_QUEUE_SECRET } from "../../../test/fake-vercel-queues.ts";
 import { silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture, random } from "../../../test/points-fixture.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
@@ -124,10 +124,21 @@ describe("the harness dead-letters before the transport drops (#11 item 1)", () 
 describe("regions and deployments (#11 item 3)", () => {
   test("a poll worker needs a fixed region and unpinned consumption; anything else is refused where it is bound", async () => {
     const consumer = bind(pointsConsumer());
-    const fromEnv = createVercelQueue({ env: { VERCEL_REGION: "iad1" }, token: "t", deploymentId: null });
+    const fromEnv = createVercelQueue({
+      env: { VERCEL_REGION: "iad1" },
+      token: "t",
+      deploymentId: null,
+      wrapperSecret: TEST_QUEUE_SECRET,
+    });
     expect(() => fromEnv.startWorker(consumer)).toThrow(/fixed region \(options.region\), not VERCEL_REGION/);
     await expect(fromEnv.receiveAvailable(consumer)).rejects.toThrow(InvalidConfigError);
-    const pinned = createVercelQueue({ env: {}, region: "iad1", token: "t", deploymentId: "dpl_A" });
+    const pinned = createVercelQueue({
+      env: {},
+      region: "iad1",
+      token: "t",
+      deploymentId: "dpl_A",
+      wrapperSecret: TEST_QUEUE_SECRET,
+    });
     expect(() => pinned.startWorker(consumer)).toThrow(/must consume unpinned \(deploymentId: null\)/);
     // A push route is pinned by nature: the deployment that sent the message serves it.
     expect(() => pinned.pushHandler(consumer)).not.toThrow();

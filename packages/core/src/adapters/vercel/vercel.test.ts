@@ -4,6 +4,7 @@ import { fileURLToPath } from "node:url";
 import { PollingQueueClient } from "@vercel/queue";
 import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, test } from "vitest";
+import { TEST_QUEUE_SECRET } from "../../../test/fake-vercel-queues.ts";
 import { effects, silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture, pointsSchema, random } from "../../../test/points-fixture.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
@@ -78,23 +79,46 @@ describe("configuration", () => {
     expect(message).toMatch(/region: pass options.region or set VERCEL_REGION/);
     expect(message).toMatch(/credentials: pass options.token, set VERCEL_OIDC_TOKEN/);
     expect(message).toMatch(/deployment: set VERCEL_DEPLOYMENT_ID/);
-    expect(() => createVercelQueue({ env: { VERCEL_REGION: "iad1", VERCEL_DEPLOYMENT_ID: "dpl_1" } })).toThrow(
-      /credentials/,
+    expect(message).toMatch(
+      /wrapperSecret: pass options.wrapperSecret or set SOFTCRUM_QUEUE_SECRET, at least 32 characters/,
     );
+    expect(() =>
+      createVercelQueue({ env: {}, region: "iad1", token: "t", deploymentId: null, wrapperSecret: "too short" }),
+    ).toThrow(/wrapperSecret/);
+    expect(() =>
+      createVercelQueue({
+        env: { VERCEL_REGION: "iad1", VERCEL_DEPLOYMENT_ID: "dpl_1", SOFTCRUM_QUEUE_SECRET: TEST_QUEUE_SECRET },
+      }),
+    ).toThrow(/credentials/);
   });
 
   test("reads the region, OIDC token and deployment id from the environment Vercel sets", () => {
-    const env = { VERCEL_REGION: "fra1", VERCEL_OIDC_TOKEN: "eyJ…", VERCEL_DEPLOYMENT_ID: "dpl_123" };
+    const env = {
+      VERCEL_REGION: "fra1",
+      VERCEL_OIDC_TOKEN: "eyJ…",
+      VERCEL_DEPLOYMENT_ID: "dpl_123",
+      SOFTCRUM_QUEUE_SECRET: TEST_QUEUE_SECRET,
+    };
     expect(createVercelQueue({ env }).region).toBe("fra1");
     // Inside a Vercel Function the OIDC token comes with each request, not from the environment.
-    expect(createVercelQueue({ env: { VERCEL: "1", VERCEL_REGION: "iad1", VERCEL_DEPLOYMENT_ID: "d" } }).region).toBe(
-      "iad1",
-    );
-    expect(createVercelQueue({ env: {}, region: "sfo1", token: "t", deploymentId: null }).region).toBe("sfo1");
+    expect(
+      createVercelQueue({
+        env: {
+          VERCEL: "1",
+          VERCEL_REGION: "iad1",
+          VERCEL_DEPLOYMENT_ID: "d",
+          SOFTCRUM_QUEUE_SECRET: TEST_QUEUE_SECRET,
+        },
+      }).region,
+    ).toBe("iad1");
+    expect(
+      createVercelQueue({ env: {}, region: "sfo1", token: "t", deploymentId: null, wrapperSecret: TEST_QUEUE_SECRET })
+        .region,
+    ).toBe("sfo1");
   });
 
   test("an invalid region or lease length is refused", () => {
-    const base = { env: {}, token: "t", deploymentId: null };
+    const base = { env: {}, token: "t", deploymentId: null, wrapperSecret: TEST_QUEUE_SECRET };
     expect(() => createVercelQueue({ ...base, region: "US East" })).toThrow(/not a Vercel region code/);
     expect(() => createVercelQueue({ ...base, region: "iad1", visibilityTimeoutSeconds: 5 })).toThrow(
       /visibilityTimeoutSeconds/,
@@ -103,7 +127,13 @@ describe("configuration", () => {
   });
 
   test("a consumer whose handler time bound is not below the lease is refused where it is bound (#8 item 12)", async () => {
-    const queue = createVercelQueue({ env: {}, region: "iad1", token: "t", deploymentId: null });
+    const queue = createVercelQueue({
+      env: {},
+      region: "iad1",
+      token: "t",
+      deploymentId: null,
+      wrapperSecret: TEST_QUEUE_SECRET,
+    });
     const consumer = bind(pointsConsumer());
     const slow = { name: consumer.name, queue: consumer.queue, timeoutMs: 300_000, deliver: consumer.deliver };
     expect(() => queue.pushHandler(slow)).toThrow(InvalidConfigError);
@@ -120,6 +150,7 @@ describe("configuration", () => {
       token: "t",
       deploymentId: null,
       visibilityTimeoutSeconds: 60,
+      wrapperSecret: TEST_QUEUE_SECRET,
     });
     const tooLong = bind({ ...pointsConsumer(), timeoutMs: 30_000 });
     expect(tooLong.deliveryBoundMs).toBe(65_000);
@@ -182,7 +213,7 @@ describe("publish and schedule", () => {
   });
 
   test("the retention is configurable and checked at creation, and the fence hold follows it (#11 item 2)", async () => {
-    const base = { env: {}, region: "iad1", token: "t", deploymentId: null };
+    const base = { env: {}, region: "iad1", token: "t", deploymentId: null, wrapperSecret: TEST_QUEUE_SECRET };
     expect(() => createVercelQueue({ ...base, retentionSeconds: 700_000 })).toThrow(/retentionSeconds/);
     expect(() => createVercelQueue({ ...base, retentionSeconds: 86_400, deliveryWindowSeconds: 86_400 })).toThrow(
       /deliveryWindowSeconds/,
