@@ -201,6 +201,7 @@ export interface VercelIncident {
     | "lease_renewal_failed"
     | "unconfirmed_callback"
     | "republish_failed"
+    | "republish_unconfirmed"
     | "rescued_before_drop"
     | "dead_lettered_before_drop"
     | "job_at_risk"
@@ -1238,8 +1239,21 @@ class VercelQueueAdapter implements VercelQueue {
     if (wrapper?.notBefore !== undefined && wrapper.notBefore > now + 1_000) {
       const remaining = Math.ceil((wrapper.notBefore - now) / 1000);
       try {
-        await this.#republish(lane, message, carried, body, remaining, wrapper.notBefore);
-        return { action: { kind: "ack" } };
+        const stored = await this.#republish(lane, message, carried, body, remaining, wrapper.notBefore);
+        if (stored === "stored") return { action: { kind: "ack" } };
+        // 202: the next hop is not known to be stored, so this one is kept:
+        // it waits on its lease and hops again (a copy stored after all is a
+        // duplicate the fence absorbs).
+        const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
+        this.#incident({
+          kind: "republish_unconfirmed",
+          queue: consumer.queue,
+          consumer: consumer.name,
+          messageId: message.messageId,
+          message: `the service accepted the next hop of a message due in ${remaining} s without storing it yet (202); ${fitsBefore(seconds) ? `the message is kept and hops again in ${seconds} s` : "the message is left to the service"}`,
+          alert: false,
+        });
+        return { action: fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" } };
       } catch (error) {
         const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
         this.#incident({
@@ -1297,6 +1311,7 @@ class VercelQueueAdapter implements VercelQueue {
           expiresAt,
           { ...carried, attemptsSpent: deliveryCount },
           body,
+          delivery,
         ),
         event: { ...event, result: thrownResult ?? result },
       };
@@ -1372,13 +1387,15 @@ class VercelQueueAdapter implements VercelQueue {
     expiresAt: number,
     head: WrapperHead,
     body: string | Uint8Array,
+    delivery: Delivery,
   ): Promise<Action> {
     const last = message.deliveryCount >= lane.maxDeliveries;
     const comesBack = this.#clock.now() + lane.redeliverySeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
     if (!last && comesBack) return { kind: "none" };
     const why = last ? `its last permitted delivery (${lane.maxDeliveries})` : "its expiry";
+    let stored: "stored" | "accepted";
     try {
-      await this.#republish(lane, message, head, body, lane.redeliverySeconds);
+      stored = await this.#republish(lane, message, head, body, lane.redeliverySeconds);
     } catch (error) {
       this.#incident({
         kind: "job_at_risk",
@@ -1389,6 +1406,16 @@ class VercelQueueAdapter implements VercelQueue {
         alert: true,
       });
       return { kind: "none" };
+    }
+    if (stored === "accepted") {
+      // 202: the copy is not known to be stored, and this message is about to
+      // be dropped: the dead letter now holds the job (a copy stored after
+      // all finds the letter and does not run; an operator replays it).
+      return this.#deadLetterNow(lane, message, delivery, {
+        errorClass: last ? "exhausted" : "expired",
+        attempts: head.attemptsSpent,
+        error: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and the service accepted its rescue copy without storing it (202): dead-lettered rather than risk losing the job`,
+      });
     }
     this.#incident({
       kind: "rescued_before_drop",

@@ -1,0 +1,82 @@
+/**
+ * #19: a service answer means one thing on every path that republishes.
+ * The original message is acknowledged only when its successor is known to
+ * be stored (201); a 202 ("accepted for deferred processing": stored later,
+ * or never) keeps the original — a hop waits on its lease and hops again, a
+ * rescue at the last permitted delivery writes the dead letter now — so a
+ * 202 never loses a job. Through the real SDK against the fake service.
+ */
+import { afterEach, describe, expect, test } from "vitest";
+import { useEffectsDatabase } from "../../../test/fixtures.ts";
+import { award, pointsFixture } from "../../../test/points-fixture.ts";
+import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
+import type { Delivery } from "../../queue-port.ts";
+
+const pg = useEffectsDatabase("vercel-answers");
+const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "answers");
+
+let harnesses: VercelHarness[] = [];
+afterEach(async () => {
+  for (const h of harnesses) await h.close();
+  harnesses = [];
+});
+const open = async (mode: "push" | "poll", options: Parameters<typeof vercelHarness>[1] = {}) => {
+  const h = await vercelHarness(mode, options);
+  harnesses.push(h);
+  return h;
+};
+
+describe.each(["push", "poll"] as const)("a 202 on a republishing path (%s)", (mode) => {
+  test("a hop answered 202 and never stored: the original is kept and hops again; the job runs once, at its time, as attempt 1", async () => {
+    const h = await open(mode);
+    const consumer = bind(pointsConsumer());
+    const seen: number[] = [];
+    h.subscribe({
+      ...consumer,
+      name: consumer.name,
+      queue: consumer.queue,
+      maxAttempts: 5,
+      deliver: (delivery: Delivery) => {
+        seen.push(delivery.deliveryCount);
+        return consumer.deliver(delivery);
+      },
+    });
+    await h.queue.schedule(consumer.queue, award(), new Date(h.fake.clock.now() + 10 * 86_400_000));
+    h.fake.failNextSends({ status: 202, store: false });
+    await h.settle(30 * 86_400_000);
+    expect(h.fake.sends.map((s) => s.status)).toEqual([201, 202, 201]);
+    expect(seen).toEqual([1]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+    expect(h.fake.drops).toEqual([]);
+  });
+
+  test("a rescue at the last permitted delivery answered 202 and never stored: the dead letter is written now, nothing is lost", async () => {
+    const h = await open(mode, { maxDeliveries: 7 });
+    const consumer = bind(pointsConsumer());
+    let deliveries = 0;
+    h.subscribe({
+      ...consumer,
+      name: consumer.name,
+      queue: consumer.queue,
+      maxAttempts: 5,
+      deadLetterNow: consumer.deadLetterNow?.bind(consumer),
+      deliver: (delivery: Delivery) => {
+        deliveries += 1;
+        // A worker that crashes on this job every time (the delivery throws).
+        if (deliveries <= 7) return Promise.reject(new Error("worker crashed"));
+        return consumer.deliver(delivery);
+      },
+    });
+    await h.queue.publish(consumer.queue, award());
+    for (let round = 0; round < 60 && deliveries < 7; round++) {
+      if (mode === "push") await h.fake.dispatch();
+      else await h.queue.receiveAvailable(consumer, { maxDeliveries: 7 }).catch(() => {});
+      const next = h.fake.nextVisibleAt();
+      if (next !== undefined) h.fake.clock.advanceTo(next);
+      if (deliveries === 6) h.fake.failNextSends({ status: 202, store: false });
+    }
+    await h.settle();
+    const held = (await letters(consumer.name)).length + (await effectRows(consumer.name)).length;
+    expect(held).toBe(1);
+  });
+});
