@@ -1,4 +1,5 @@
 /** Test wiring: the Vercel adapter, through the real SDK, against the fake server. */
+import { afterEach } from "vitest";
 import {
   createVercelQueue,
   toVercelReplayTopic,
@@ -90,5 +91,19 @@ export async function vercelHarness(
       await queue.close();
       await fake.close();
     },
+  };
+}
+
+/** `open(mode, options)` makes a harness that is closed after the test (registers the afterEach hook). */
+export function useVercelHarnesses() {
+  let open: VercelHarness[] = [];
+  afterEach(async () => {
+    for (const h of open) await h.close();
+    open = [];
+  });
+  return async (mode: "push" | "poll", options: Parameters<typeof vercelHarness>[1] = {}) => {
+    const h = await vercelHarness(mode, options);
+    open.push(h);
+    return h;
   };
 }

@@ -46,6 +46,18 @@ function rowsOf<T>(result: unknown): T[] {
   return (Array.isArray(result) ? result : ((result as { rows?: unknown[] }).rows ?? [])) as T[];
 }
 
+/** Holds a one-connection pool's connection in a transaction until `release()`; `busy` settles then. */
+async function holdTheOnlyConnection(db: ReturnType<DriverCase["db"]>) {
+  let release = () => {};
+  const busy = db.transaction(async () => {
+    await new Promise<void>((r) => {
+      release = r;
+    });
+  });
+  await sleep(50);
+  return { release: () => release(), busy };
+}
+
 /** Waits until some backend of the case's database is blocked on a lock. */
 async function someoneWaitsOnALock(c: DriverCase) {
   for (let i = 0; i < 500; i++) {
@@ -457,13 +469,7 @@ describe.each(matrix)("on %s", (c) => {
         const db = c.db(1);
         const e = job(32);
         // The pool's one connection is busy (a long job of another consumer) until the decision has given up.
-        let release = () => {};
-        const busy = db.transaction(async () => {
-          await new Promise<void>((r) => {
-            release = r;
-          });
-        });
-        await sleep(50);
+        const { release, busy } = await holdTheOnlyConnection(db);
         const bound = bindConsumer(definition, { db, logger: silentLogger });
         try {
           // Past the budget: the dead-letter decision, which needs a connection.
@@ -489,13 +495,7 @@ describe.each(matrix)("on %s", (c) => {
       test("a poison letter's write is bounded too: without a connection within timeoutMs, the delivery is not acknowledged (#18 item 7)", async () => {
         const { definition } = counting({ timeoutMs: 300 });
         const db = c.db(1);
-        let release = () => {};
-        const busy = db.transaction(async () => {
-          await new Promise<void>((r) => {
-            release = r;
-          });
-        });
-        await sleep(50);
+        const { release, busy } = await holdTheOnlyConnection(db);
         const bound = bindConsumer(definition, { db, logger: silentLogger });
         const poison = JSON.stringify({ ...job(33), data: { n: "not a number" } });
         try {

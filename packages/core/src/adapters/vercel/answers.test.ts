@@ -6,25 +6,16 @@
  * rescue at the last permitted delivery writes the dead letter now — so a
  * 202 never loses a job. Through the real SDK against the fake service.
  */
-import { afterEach, describe, expect, test } from "vitest";
+import { describe, expect, test } from "vitest";
 import { useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture } from "../../../test/points-fixture.ts";
-import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
+import { useVercelHarnesses } from "../../../test/vercel-transport.ts";
 import type { Delivery } from "../../queue-port.ts";
 
 const pg = useEffectsDatabase("vercel-answers");
 const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "answers");
 
-let harnesses: VercelHarness[] = [];
-afterEach(async () => {
-  for (const h of harnesses) await h.close();
-  harnesses = [];
-});
-const open = async (mode: "push" | "poll", options: Parameters<typeof vercelHarness>[1] = {}) => {
-  const h = await vercelHarness(mode, options);
-  harnesses.push(h);
-  return h;
-};
+const open = useVercelHarnesses();
 
 describe.each(["push", "poll"] as const)("a 202 on a republishing path (%s)", (mode) => {
   test("a hop answered 202 and never stored: the original is kept and hops again; the job runs once, at its time, as attempt 1", async () => {

@@ -1,8 +1,8 @@
-import { afterEach, describe, expect, test } from "vitest";
+import { describe, expect, test } from "vitest";
 import { chaosFaults, TEST_QUEUE_SECRET } from "../../../test/fake-vercel-queues.ts";
 import { silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture, random } from "../../../test/points-fixture.ts";
-import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
+import { useVercelHarnesses } from "../../../test/vercel-transport.ts";
 import { InvalidConfigError, InvalidEnvelopeError, RateLimitedError } from "../../errors.ts";
 import type { BoundConsumer } from "../../queue-port.ts";
 import { DEFAULT_RETRY_POLICY, retryDelayMs } from "../../retry.ts";
@@ -13,16 +13,7 @@ const pg = useEffectsDatabase("vercel-limits");
 const { pointsConsumer, rateLimitedConsumer, bind, effectRows, letters } = pointsFixture(pg, "limits");
 const backoff = (attempt: number) => Math.ceil(retryDelayMs(DEFAULT_RETRY_POLICY, attempt, random) / 1000);
 
-let harnesses: VercelHarness[] = [];
-afterEach(async () => {
-  for (const h of harnesses) await h.close();
-  harnesses = [];
-});
-const open = async (mode: "push" | "poll", options: Parameters<typeof vercelHarness>[1] = {}) => {
-  const h = await vercelHarness(mode, options);
-  harnesses.push(h);
-  return h;
-};
+const open = useVercelHarnesses();
 const incidents = () => {
   const seen: VercelIncident[] = [];
   return { seen, onIncident: (incident: VercelIncident) => void seen.push(incident) };

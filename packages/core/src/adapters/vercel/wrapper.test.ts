@@ -6,10 +6,10 @@
  * message, judged by the harness (poison, with the payload exactly as
  * received). Through the real SDK against the fake service.
  */
-import { afterEach, describe, expect, test } from "vitest";
+import { describe, expect, test } from "vitest";
 import { useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture } from "../../../test/points-fixture.ts";
-import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
+import { useVercelHarnesses } from "../../../test/vercel-transport.ts";
 import { RateLimitedError } from "../../errors.ts";
 import { readVercelWrapper, toVercelTopic } from "./index.ts";
 import { WrapperCodec } from "./wrapper.ts";
@@ -17,11 +17,7 @@ import { WrapperCodec } from "./wrapper.ts";
 const pg = useEffectsDatabase("vercel-wrapper");
 const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "wrapper");
 
-let harnesses: VercelHarness[] = [];
-afterEach(async () => {
-  for (const h of harnesses) await h.close();
-  harnesses = [];
-});
+const open = useVercelHarnesses();
 
 /** What an unsigned wrapper of the previous format looks like, around a real job. */
 const forged = (fields: Record<string, unknown>, job = JSON.stringify(award())) =>
@@ -29,8 +25,7 @@ const forged = (fields: Record<string, unknown>, job = JSON.stringify(award())) 
 
 describe.each(["push", "poll"] as const)("bytes that only look like a wrapper (%s)", (mode) => {
   test("one addressed to another consumer is not acknowledged unread: it is this consumer's poison letter, bytes as received", async () => {
-    const h = await vercelHarness(mode);
-    harnesses.push(h);
+    const h = await open(mode);
     const consumer = pointsConsumer();
     h.subscribe(bind(consumer));
     const body = forged({ consumer: "someone.else", attempts_spent: 0 });
@@ -42,8 +37,7 @@ describe.each(["push", "poll"] as const)("bytes that only look like a wrapper (%
   });
 
   test("one addressed to this consumer cannot claim attempts: it is poison, never an `exhausted` letter past the budget", async () => {
-    const h = await vercelHarness(mode);
-    harnesses.push(h);
+    const h = await open(mode);
     const consumer = pointsConsumer();
     h.subscribe(bind(consumer));
     const body = forged({ consumer: consumer.name, attempts_spent: 9 });
@@ -54,8 +48,7 @@ describe.each(["push", "poll"] as const)("bytes that only look like a wrapper (%
   });
 
   test("the adapter's own wrappers still work: a rate-limited job's deferral comes back to it and is applied once", async () => {
-    const h = await vercelHarness(mode);
-    harnesses.push(h);
+    const h = await open(mode);
     const attempts: number[] = [];
     const consumer = pointsConsumer((ctx) => {
       attempts.push(ctx.attempt);
