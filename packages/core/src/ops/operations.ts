@@ -16,7 +16,7 @@ import { type DeadLetterRow, deadLetterPayloads, deadLetters, opsAudit } from ".
 import type { AnyPgDatabase } from "../db/types.ts";
 import { checkEnvelope, type Envelope } from "../envelope.ts";
 import { describeError, InvalidConfigError, isSoftcrumError, OpsError } from "../errors.ts";
-import type { QueuePort, ReplayLanePort } from "../queue-port.ts";
+import { isStored, type QueuePort, type ReplayLanePort } from "../queue-port.ts";
 import {
   type DeadLetterFilter,
   deadLetterFilterSchema,
@@ -577,7 +577,16 @@ export class DeadLetterOperations {
           // consumers either have their fence already or had their own letter
           // for this job handled separately (perhaps discarded on purpose).
           // Delivered as a replay: an operator asked for it, so it is not expired (maxAgeMs).
-          await this.replayTransport.publishReplay(claimed.queue, claimed.consumer, body);
+          const receipt = await this.replayTransport.publishReplay(claimed.queue, claimed.consumer, body);
+          // Only a copy the transport says it stored makes the letter
+          // `replayed`. A 202 ("accepted for deferred processing": stored
+          // later, or never) rolls this back: the letter stays pending, and a
+          // copy stored after all finds it pending at its fence and does not run.
+          if (!isStored(receipt)) {
+            throw new Error(
+              "the transport accepted the replay without confirming it is stored (a Vercel 202); replay it again",
+            );
+          }
           published = true;
           this.metrics.replayed(claimed);
           return { outcome: "replayed" as const };
