@@ -1,17 +1,7 @@
-/**
- * The consumer harness. Glossary:
- * - job: one unit of work, identified by its envelope's `job_id` (UUID v7);
- * - envelope: `{ job_id, tenant_id, correlation_id, kind, data }`, the wire shape of every job;
- * - attempt: one run of the handler for a job; the first run is attempt 1;
- * - fence: the `core.processed_jobs` row (job_id, consumer), inserted in the same
- *   transaction as the handler's work, so the work commits at most once;
- * - dead letter: a `core.dead_letters` row holding a job that will not complete by
- *   itself, with its payload and the evidence of why.
- */
-import { createHash } from "node:crypto";
 import type { z } from "zod";
 import { alertErrorFields } from "./alerts/redact.ts";
 import { AlertSender } from "./alerts/sender.ts";
+import { Context, type HandlerContext } from "./context.ts";
 import { upsertDeadLetter } from "./db/dead-letter-write.ts";
 import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
@@ -19,18 +9,17 @@ import {
   decideDeadLetter,
   ROLLBACK_WAIT_MS,
   type RunInWorkTransaction,
-  runBoundMs,
   WorkNotStartedError,
   withinMs,
   workTransactionFor,
 } from "./db/work-transaction.ts";
 import { ENVELOPE_FIELD_MAX, type Envelope, isJobId, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
+import { deliveryBoundMs, FENCE_TTL_CLOCK_ALLOWANCE_MS, fenceTtlMarginMs, type HarnessDeps } from "./harness-deps.ts";
 import { LruMap } from "./lru-map.ts";
-import { createOutboxWriter, type Outbox } from "./outbox/writer.ts";
 import { boundedText, payloadSha256, type ReceivedPayload } from "./payload.ts";
 import { checkPayload } from "./poison-check.ts";
-import { type AlertPort, noopAlerts } from "./ports/alerts.ts";
+import { noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
 import { guardedLogger, guardedMetrics, ObserverFailures } from "./ports/observers.ts";
@@ -44,33 +33,14 @@ import {
   retryDelayMs,
 } from "./retry.ts";
 
+export type { HandlerContext } from "./context.ts";
 export type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
-
-export interface HandlerContext {
-  /** Do every database write of the job through this: it commits or rolls back together with the fence. */
-  readonly tx: WorkTransaction;
-  readonly envelope: Envelope;
-  /** 1 on the first run of the handler for this job. */
-  readonly attempt: number;
-  /**
-   * A stable key for this (job, consumer), to pass to providers that accept an
-   * idempotency key (payments, e-mail): their side effects are outside the
-   * transaction, so only the provider can de-duplicate them.
-   */
-  readonly idempotencyKey: string;
-  /**
-   * Fires when the run passes the consumer's `timeoutMs`: pass it to outbound
-   * calls (`fetch(url, { signal })`). By then the transaction is rolled back
-   * and its connection destroyed; nothing written through `tx` afterwards runs.
-   */
-  readonly signal: AbortSignal;
-  /**
-   * Publishes jobs in this transaction (`core.outbox`): they reach their
-   * queue only once the work commits. Use it instead of calling a provider
-   * here; the provider call belongs in the consumer of that job.
-   */
-  readonly outbox: Outbox;
-}
+export {
+  deliveryBoundMs,
+  FENCE_TTL_CLOCK_ALLOWANCE_MS,
+  fenceTtlMarginMs,
+  type HarnessDeps,
+} from "./harness-deps.ts";
 
 /** Default bound on one handler run; below the in-process adapter's default visibility timeout (30 s). */
 export const DEFAULT_HANDLER_TIMEOUT_MS = 25_000;
@@ -182,74 +152,6 @@ export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDe
     retryPolicy: resolveRetryPolicy(definition.retry, owner),
   });
 }
-
-/** What a consumer needs at run time; the module's composition root supplies it. */
-export interface HarnessDeps {
-  /** Drizzle database (postgres.js in production, PGlite for the embedded demo). */
-  readonly db: AnyPgDatabase;
-  /** @default no alerts */
-  readonly alerts?: AlertPort;
-  /** @default no metrics */
-  readonly metrics?: MetricsPort;
-  /** @default console */
-  readonly logger?: Logger;
-  /** Source of jitter, in [0, 1). @default Math.random */
-  readonly random?: () => number;
-  /** Current time in ms since the epoch, for `maxAgeMs`. @default Date.now */
-  readonly now?: () => number;
-  /**
-   * Pipeline BEGIN, lock and fence (postgres.js only). Turn off behind a
-   * pooler that wedges on pipelined queries (Supavisor in transaction mode).
-   * @default true
-   */
-  readonly pipeline?: boolean;
-  /** Longest `flushAlerts()` waits for the alert sink before it gives up (counted as a failed alert). @default 5000 */
-  readonly alertFlushTimeoutMs?: number;
-  /**
-   * The fence TTL, exactly as the fence cleanup is given it (`ttlMs`): the
-   * harness obeys the same law. A copy of a job delivered later than
-   * `fenceTtlMs` minus the consumer's `fenceTtlMarginMs` after the job was
-   * due (`Delivery.dueAt`, else its job_id's time; for an operator's replay,
-   * when it was replayed, while the cleanup keeps that letter's fences) is
-   * not run: its fence, or the fence of a copy that committed, could be
-   * cleaned up before it finished. It is dead-lettered `expired` with that
-   * evidence (a duplicate when a copy committed). Then no combination of
-   * retries, deferrals, lock waits or transport holds can outlive a fence.
-   * @default none (only the cleanup's start-time check guards the TTL)
-   */
-  readonly fenceTtlMs?: number;
-  /**
-   * The outbox relay to wake after a job that wrote to `ctx.outbox` commits,
-   * so its jobs go out at once rather than at the relay's next poll. Jobs
-   * that wrote nothing to the outbox never touch it. @default none (the relay polls)
-   */
-  readonly outboxRelay?: { wake(): void };
-}
-
-/**
- * The longest one delivery of this consumer can take, the real sum: its work
- * transaction (one budget of `timeoutMs`, from asking for a connection to
- * COMMIT's answer), ROLLBACK's allowance after a failure, then the dead-letter
- * decision (bounded by `timeoutMs` too, its connection included). A transport
- * refuses a consumer whose bound is not below its visibility timeout or lease
- * (`checkDeliveryBound`): a delivery is never still going when its message is
- * delivered again.
- */
-export function deliveryBoundMs(consumer: Pick<Consumer, "timeoutMs">): number {
-  return runBoundMs(consumer.timeoutMs) + consumer.timeoutMs;
-}
-
-/**
- * How long before the fence TTL a copy must start, so that it finishes — the
- * whole delivery (`deliveryBoundMs`) — while the fence it checks still
- * exists; plus an allowance for clocks: the worker's clock measures a copy's
- * age, the database's stamps and expires fences.
- */
-export function fenceTtlMarginMs(consumer: Pick<Consumer, "timeoutMs">): number {
-  return deliveryBoundMs(consumer) + FENCE_TTL_CLOCK_ALLOWANCE_MS;
-}
-/** What fenceTtlMarginMs allows for the difference between the workers' clocks and the database's. */
-export const FENCE_TTL_CLOCK_ALLOWANCE_MS = 300_000;
 
 /** Binds a consumer to its database and ports; the result is what a transport adapter delivers to. */
 export function bindConsumer<TSchema extends z.ZodType>(consumer: Consumer<TSchema>, deps: HarnessDeps): BoundConsumer {
@@ -759,40 +661,6 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   /** Resolves once this consumer's alerts reached the sink (or gave up after `alertFlushTimeoutMs`). */
   flushAlerts(): Promise<void> {
     return this.#alerts.flush();
-  }
-}
-
-class Context implements HandlerContext {
-  #idempotencyKey: string | undefined;
-  #outbox: Outbox | undefined;
-  /** Set by the first outbox write: the harness wakes the relay after the commit. */
-  wroteOutbox = false;
-  constructor(
-    readonly tx: WorkTransaction,
-    readonly envelope: Envelope,
-    readonly attempt: number,
-    private readonly consumerName: string,
-    private readonly run: { readonly signal: AbortSignal },
-  ) {}
-
-  get signal(): AbortSignal {
-    return this.run.signal;
-  }
-
-  // Computed on first use: most handlers never call an external provider.
-  get idempotencyKey(): string {
-    this.#idempotencyKey ??= createHash("sha256")
-      .update(`${this.envelope.job_id}\u0000${this.consumerName}`)
-      .digest("hex");
-    return this.#idempotencyKey;
-  }
-
-  // Created on first use, like the key: most handlers write nothing to the outbox.
-  get outbox(): Outbox {
-    this.#outbox ??= createOutboxWriter(this.tx, () => {
-      this.wroteOutbox = true;
-    });
-    return this.#outbox;
   }
 }
 

@@ -10,12 +10,11 @@ import { describe, expect, test } from "vitest";
 import { useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture } from "../../../test/points-fixture.ts";
 import { useVercelHarnesses } from "../../../test/vercel-transport.ts";
-import { RateLimitedError } from "../../errors.ts";
 import { readVercelWrapper, toVercelTopic } from "./index.ts";
 import { WrapperCodec } from "./wrapper.ts";
 
 const pg = useEffectsDatabase("vercel-wrapper");
-const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "wrapper");
+const { pointsConsumer, rateLimitedConsumer, bind, effectRows, letters } = pointsFixture(pg, "wrapper");
 
 const open = useVercelHarnesses();
 
@@ -49,11 +48,7 @@ describe.each(["push", "poll"] as const)("bytes that only look like a wrapper (%
 
   test("the adapter's own wrappers still work: a rate-limited job's deferral comes back to it and is applied once", async () => {
     const h = await open(mode);
-    const attempts: number[] = [];
-    const consumer = pointsConsumer((ctx) => {
-      attempts.push(ctx.attempt);
-      if (attempts.length === 1) throw new RateLimitedError("429", { retryAfterMs: 20_000 });
-    });
+    const { consumer, attempts } = rateLimitedConsumer(1);
     h.subscribe(bind(consumer));
     await h.queue.publish(consumer.queue, award());
     await h.settle();
