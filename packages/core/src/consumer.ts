@@ -4,6 +4,7 @@ import { AlertSender } from "./alerts/sender.ts";
 import { Context, type HandlerContext } from "./context.ts";
 import { upsertDeadLetter } from "./db/dead-letter-write.ts";
 import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
+import { postgresTransportHolds } from "./db/transport-holds.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
 import {
   decideDeadLetter,
@@ -23,7 +24,7 @@ import { noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
 import { type JobMetricAttributes, type MetricsPort, noopMetrics } from "./ports/metrics.ts";
 import { guardedLogger, guardedMetrics, ObserverFailures } from "./ports/observers.ts";
-import type { BoundConsumer, Delivery, DeliveryOutcome, DeliveryResult } from "./queue-port.ts";
+import type { BoundConsumer, Delivery, DeliveryOutcome, DeliveryResult, TransportHolds } from "./queue-port.ts";
 import {
   DEFAULT_DEFERRAL_HORIZON_MS,
   deferralDelayMs,
@@ -217,6 +218,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly deliveryBoundMs: number;
   /** Calls to the metrics port and the logger that threw or rejected (they never change an outcome). */
   readonly observerFailures = new ObserverFailures();
+  /** The deliveries a transport kept without spending an attempt (`core.transport_holds`). */
+  readonly holds: TransportHolds;
   readonly #consumer: Consumer<TSchema>;
   readonly #db: AnyPgDatabase;
   readonly #runInWorkTransaction: RunInWorkTransaction;
@@ -244,6 +247,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.timeoutMs = consumer.timeoutMs;
     this.deliveryBoundMs = deliveryBoundMs(consumer);
     this.#db = deps.db;
+    this.holds = postgresTransportHolds(deps.db, consumer.name, consumer.timeoutMs);
     this.#runInWorkTransaction = workTransactionFor(deps.db, { pipeline: deps.pipeline !== false });
     // Observers never change an outcome: every call to them is guarded (ports/observers.ts).
     this.#logger = guardedLogger(deps.logger ?? consoleLogger, this.observerFailures);

@@ -89,6 +89,7 @@ export type {
   PublishReceipt,
   QueuePort,
   ReplayLanePort,
+  TransportHolds,
 } from "./queue-port.ts";
 export { checkDeliveryBound } from "./queue-port.ts";
 export type { DeferralBackoff, RetryPolicy } from "./retry.ts";

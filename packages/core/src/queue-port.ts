@@ -203,12 +203,44 @@ export interface BoundConsumer {
     },
   ): Promise<DeliveryResult>;
   /**
+   * Where a transport records the deliveries it kept without spending an
+   * attempt, when its provider's delivery count cannot be corrected (Vercel
+   * Queues counts leases, not handler runs): a deferral or a hop whose
+   * successor the provider did not say it stored keeps the original on its
+   * lease, and that original's next delivery must not count as an attempt.
+   * Optional: a transport without it counts every delivery.
+   */
+  readonly holds?: TransportHolds;
+  /**
    * Waits for the alerts of the dead letters this consumer wrote so far (and
    * `AlertPort.flush`), when there were any since the last call; never
    * throws. A transport whose process may end once a request is answered
    * (serverless) awaits it before answering.
    */
   flushAlerts?(): Promise<void>;
+}
+
+/**
+ * The deliveries of one consumer's messages that a transport kept (on their
+ * lease, or left to the provider's redelivery) without running the handler
+ * or spending an attempt, durable across processes (`core.transport_holds`).
+ * A message is named by a key the transport derives from its identity (its
+ * topic, id and send time); `deliveryCount` is the provider's count.
+ */
+export interface TransportHolds {
+  /**
+   * Records that delivery `deliveryCount` of the message was kept without
+   * spending an attempt (recording it twice is recording it once).
+   */
+  record(messageKey: string, deliveryCount: number): Promise<void>;
+  /**
+   * The holds recorded for deliveries of the message before `deliveryCount`,
+   * and whether a successor of any of them (a copy republished from it) has
+   * been delivered: then the job lives on in that copy.
+   */
+  before(messageKey: string, deliveryCount: number): Promise<{ readonly holds: number; readonly succeeded: boolean }>;
+  /** A copy succeeding delivery `deliveryCount` of the message arrived (its first delivery). */
+  succeeded(messageKey: string, deliveryCount: number): Promise<void>;
 }
 
 /**

@@ -437,3 +437,31 @@ export const outbox = core.table(
 );
 
 export type OutboxRow = typeof outbox.$inferSelect;
+
+/**
+ * Deliveries a transport kept without running the handler or spending an
+ * attempt (#19): Vercel Queues counts every lease, so a deferral or a hop
+ * whose successor the service did not say it stored (a 202, a failed send)
+ * keeps the original on its lease, and its next delivery would look like a
+ * spent attempt. The adapter records each such hold here and subtracts them
+ * when the message comes back; `successor_seen_at` is set when the copy
+ * republished from that delivery arrives, so the kept original then goes
+ * without running (one live copy, not two). Pruned by the fence cleanup
+ * (a hold older than the fence TTL is older than any message it counts).
+ */
+export const transportHolds = core.table(
+  "transport_holds",
+  {
+    consumer: text("consumer").notNull(),
+    /** sha256 of the message's identity on its transport (topic, id, send time). */
+    messageKey: text("message_key").notNull(),
+    /** The provider's delivery count of the delivery that was kept. */
+    deliveryCount: integer("delivery_count").notNull(),
+    heldAt: timestamp("held_at", { withTimezone: true }).notNull().defaultNow(),
+    successorSeenAt: timestamp("successor_seen_at", { withTimezone: true }),
+  },
+  (t) => [
+    primaryKey({ columns: [t.consumer, t.messageKey, t.deliveryCount] }),
+    index("transport_holds_held_at_idx").on(t.heldAt),
+  ],
+);

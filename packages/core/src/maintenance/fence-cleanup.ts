@@ -76,6 +76,12 @@ export interface CleanupReport {
   readonly keptForReplays: number;
   readonly batches: number;
   /**
+   * Transport holds (`core.transport_holds`, #19) older than the TTL deleted
+   * with a complete run: older than any message they count (the TTL covers
+   * the transport's retention). 0 in a dry run.
+   */
+  readonly holdsDeleted: number;
+  /**
    * True when the run reached the end of the expired rows; false when
    * `maxBatches` or the signal stopped it first, so the figures cover only
    * the pages read (for a dry run: a lower bound of what a full run would do).
@@ -271,8 +277,28 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         after = { at, jobId, consumer };
         if (pauseMs > 0 && !dryRun) await new Promise((resolve) => setTimeout(resolve, pauseMs));
       }
+      // Holds outlive no message they count: once the fences are done, the
+      // expired holds of the same consumers go, in bounded SKIP LOCKED pages.
+      let holdsDeleted = 0;
+      while (complete && !dryRun && !runOptions.signal?.aborted) {
+        const result = await db.execute(sql`
+          with page as (
+            select consumer, message_key, delivery_count from core.transport_holds
+            where consumer in ${names} and held_at < now() - make_interval(secs => ${seconds})
+            order by held_at limit ${batchSize} for update skip locked
+          ), victim as (
+            delete from core.transport_holds t using page
+            where t.consumer = page.consumer and t.message_key = page.message_key and t.delivery_count = page.delivery_count
+            returning 1
+          )
+          select count(*)::int as deleted from victim`);
+        const deleted = rowsOf<{ deleted: number }>(result)[0]?.deleted ?? 0;
+        holdsDeleted += deleted;
+        if (deleted < batchSize) break;
+      }
       return {
         deleted: totals.deleted,
+        holdsDeleted,
         keptForPendingDeadLetters: totals.pending,
         keptForReplays: totals.replays,
         scanned: totals.scanned,

@@ -10,6 +10,7 @@ import { describe, expect, test } from "vitest";
 import { useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture } from "../../../test/points-fixture.ts";
 import { useVercelHarnesses } from "../../../test/vercel-transport.ts";
+import { RateLimitedError } from "../../errors.ts";
 import type { Delivery } from "../../queue-port.ts";
 
 const pg = useEffectsDatabase("vercel-answers");
@@ -69,5 +70,46 @@ describe.each(["push", "poll"] as const)("a 202 on a republishing path (%s)", (m
     await h.settle();
     const held = (await letters(consumer.name)).length + (await effectRows(consumer.name)).length;
     expect(held).toBe(1);
+  });
+});
+
+describe.each([
+  ["push", true],
+  ["push", false],
+  ["poll", true],
+  ["poll", false],
+] as const)("a rate-limit deferral answered 202 (%s, stored later: %s)", (mode, storedLater) => {
+  test("a job that is only ever rate-limited is never counted past attempt 1, never dead-lettered, and its copies do not multiply", async () => {
+    // Partner quota exhausted for 10 minutes; every deferral the adapter
+    // republishes is answered 202 (stored later, or never stored).
+    const h = await open(mode, {
+      fake: {
+        faults: {
+          send: ({ idempotencyKey }) =>
+            idempotencyKey?.startsWith("softcrum-deferral:") ? { status: 202, store: storedLater } : undefined,
+        },
+      },
+    });
+    const quotaBackAt = h.fake.clock.now() + 600_000;
+    const attempts: number[] = [];
+    const consumer = bind(
+      pointsConsumer((ctx) => {
+        attempts.push(ctx.attempt);
+        if (h.fake.clock.now() < quotaBackAt) throw new RateLimitedError("partner 429", { retryAfterMs: 20_000 });
+      }),
+    );
+    h.subscribe(consumer);
+    await h.queue.publish(consumer.queue, award());
+    await h.settle(3 * 3_600_000);
+    expect(await letters(consumer.name)).toEqual([]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+    // Attempts count handler runs that spent one, nothing else: none did.
+    expect(new Set(attempts)).toEqual(new Set([1]));
+    // About one run per 20 s of the outage (31 when the copies are stored
+    // later, 9 when each waits out its 80 s insurance), not one per copy of
+    // copies: a kept original whose copy arrived goes without running.
+    expect(attempts.length).toBeGreaterThan(5);
+    expect(attempts.length).toBeLessThanOrEqual(35);
+    expect(h.fake.drops).toEqual([]);
   });
 });

@@ -202,6 +202,7 @@ export interface VercelIncident {
     | "unconfirmed_callback"
     | "republish_failed"
     | "republish_unconfirmed"
+    | "hold_unrecorded"
     | "rescued_before_drop"
     | "dead_lettered_before_drop"
     | "job_at_risk"
@@ -504,6 +505,15 @@ function republishKey(parts: {
     sha256(parts.body),
   ]);
   return `softcrum-deferral:${sha256(identity)}`;
+}
+
+/**
+ * A message's name in the transport-hold store (`BoundConsumer.holds`): its
+ * identity on the service — topic, id and send time, since ids are opaque
+ * and their uniqueness across partitions is undocumented.
+ */
+function messageKey(topic: string, message: { readonly messageId: string; readonly createdAt: Date }): string {
+  return sha256(JSON.stringify([topic, message.messageId, message.createdAt.getTime()]));
 }
 
 /** What the service answered, read by name (the SDK's error classes may be loaded twice). */
@@ -1234,6 +1244,14 @@ class VercelQueueAdapter implements VercelQueue {
     const last = message.deliveryCount >= lane.maxDeliveries;
     const fitsBefore = (waitSeconds: number) =>
       !last && this.#clock.now() + waitSeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
+    const key = messageKey(lane.topic, message);
+    // A copy republished from a delivery that was kept: its predecessor may go.
+    if (wrapper?.origin !== undefined) await this.#successorArrived(lane, message, wrapper.origin);
+    // Deliveries of this message the adapter kept without spending an attempt
+    // (the service counts every lease): they are not attempts (#19).
+    const kept = message.deliveryCount > 1 ? await this.#keptBefore(lane, message, key) : undefined;
+    // It was kept for a successor that has arrived since: the job lives on in that copy.
+    if (kept?.succeeded) return { action: { kind: "ack" } };
 
     // A hop: came due before its time (a wait longer than one message holds).
     if (wrapper?.notBefore !== undefined && wrapper.notBefore > now + 1_000) {
@@ -1253,7 +1271,14 @@ class VercelQueueAdapter implements VercelQueue {
           message: `the service accepted the next hop of a message due in ${remaining} s without storing it yet (202); ${fitsBefore(seconds) ? `the message is kept and hops again in ${seconds} s` : "the message is left to the service"}`,
           alert: false,
         });
-        return { action: fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" } };
+        return {
+          action: await this.#keep(
+            lane,
+            message,
+            key,
+            fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" },
+          ),
+        };
       } catch (error) {
         const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
         this.#incident({
@@ -1264,11 +1289,18 @@ class VercelQueueAdapter implements VercelQueue {
           message: `could not republish a message due in ${remaining} s (${describeError(error)}); ${fitsBefore(seconds) ? `it waits ${seconds} s on its lease` : "it is left to the service"}`,
           alert: false,
         });
-        return { action: fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" } };
+        return {
+          action: await this.#keep(
+            lane,
+            message,
+            key,
+            fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" },
+          ),
+        };
       }
     }
 
-    const deliveryCount = attemptsBefore + message.deliveryCount;
+    const deliveryCount = attemptsBefore + Math.max(1, message.deliveryCount - (kept?.holds ?? 0));
     const delivery: Delivery = {
       body,
       deliveryCount,
@@ -1341,8 +1373,9 @@ class VercelQueueAdapter implements VercelQueue {
       const error = describeError(thrown);
       const fallback = Math.min(afterSeconds, VERCEL_MAX_VISIBILITY_SECONDS);
       if (fitsBefore(fallback)) {
-        // The message must not be lost: wait on the lease instead (this wait
-        // then counts as an attempt, and the deferral is not counted in `deferrals`).
+        // The message must not be lost: wait on the lease instead. A wait
+        // that spends no attempt is recorded as a hold, so the comeback is not
+        // one either (the deferral is not counted in `deferrals`).
         this.#incident({
           kind: "republish_failed",
           queue: consumer.queue,
@@ -1351,7 +1384,11 @@ class VercelQueueAdapter implements VercelQueue {
           message: `could not republish a deferral (${error}); delaying the lease ${fallback} s instead`,
           alert: false,
         });
-        return { action: { kind: "visibility", seconds: fallback }, event: { ...event, result } };
+        const wait: Action = { kind: "visibility", seconds: fallback };
+        return {
+          action: result.spendsAttempt ? wait : await this.#keep(lane, message, key, wait),
+          event: { ...event, result },
+        };
       }
       // Neither a copy nor the lease can bring it back: the dead letter now.
       const expiring = !last;
@@ -1364,12 +1401,29 @@ class VercelQueueAdapter implements VercelQueue {
         event: { ...event, result },
       };
     }
-    if (stored === "accepted" && fitsBefore(Math.min(afterSeconds + 60, VERCEL_MAX_VISIBILITY_SECONDS))) {
-      // 202: "accepted for deferred processing", no id. Keep the original
-      // leased a little past the copy's delay as insurance: if the copy
-      // arrives, the original comes back as a duplicate; if not, it runs.
+    if (stored === "accepted") {
+      // 202: "accepted for deferred processing", no id: the copy is not known
+      // stored, so the original is kept, leased a little past the copy's
+      // delay. If the copy arrives first, it marks the hold and the original
+      // then goes without running; if not, the original runs — and a wait
+      // that spent no attempt is a recorded hold, so that run is not counted.
+      const insurance = Math.min(afterSeconds + 60, VERCEL_MAX_VISIBILITY_SECONDS);
+      if (fitsBefore(insurance)) {
+        const wait: Action = { kind: "visibility", seconds: insurance };
+        return {
+          action: result.spendsAttempt ? wait : await this.#keep(lane, message, key, wait),
+          event: { ...event, result },
+        };
+      }
+      // The service would drop the original before the insurance ends: the
+      // dead letter holds the job now (a copy stored after all finds it
+      // pending and does not run; an operator replays it).
       return {
-        action: { kind: "visibility", seconds: Math.min(afterSeconds + 60, VERCEL_MAX_VISIBILITY_SECONDS) },
+        action: await this.#deadLetterNow(lane, message, delivery, {
+          errorClass: last ? "exhausted" : "expired",
+          attempts: head.attemptsSpent,
+          error: `${result.error} (its redelivery copy was accepted without being stored (202), and the message ${last ? `is at its last permitted delivery (${lane.maxDeliveries})` : `expires at ${new Date(expiresAt).toISOString()}`}: dead-lettered rather than risk losing the job)`,
+        }),
         event: { ...event, result },
       };
     }
@@ -1473,7 +1527,12 @@ class VercelQueueAdapter implements VercelQueue {
     const hop = delaySeconds > this.#maxDelaySeconds;
     const until = notBefore ?? (hop ? this.#clock.now() + delaySeconds * 1000 : undefined);
     const wrapped = this.#wrappers.encode(
-      { ...head, ...(until !== undefined && hop ? { notBefore: until } : {}) },
+      {
+        ...head,
+        ...(until !== undefined && hop ? { notBefore: until } : {}),
+        // Whom this copy succeeds, for a predecessor kept while it was not known stored.
+        origin: `${messageKey(lane.topic, message)}:${message.deliveryCount}`,
+      },
       body,
     );
     const { stored } = await this.#send(
@@ -1491,6 +1550,69 @@ class VercelQueueAdapter implements VercelQueue {
       }),
     );
     return stored ? "stored" : "accepted";
+  }
+
+  /**
+   * Keeps a message whose successor is not known stored, without spending
+   * an attempt: the hold is recorded (`BoundConsumer.holds`), so its next
+   * delivery is not counted as one. A hold that cannot be recorded is an
+   * incident: that delivery then counts (never a lost job, at worst an early
+   * dead letter an operator replays).
+   */
+  async #keep(lane: Lane, message: QueueMessage, key: string, action: Action): Promise<Action> {
+    const holds = lane.consumer.holds;
+    if (action.kind === "ack" || holds === undefined) return action;
+    try {
+      await holds.record(key, message.deliveryCount);
+    } catch (error) {
+      this.#incident({
+        kind: "hold_unrecorded",
+        queue: lane.consumer.queue,
+        consumer: lane.consumer.name,
+        messageId: message.messageId,
+        message: `delivery ${message.deliveryCount} was kept without spending an attempt, but the hold could not be recorded (${describeError(error)}): its next delivery counts as one`,
+        alert: false,
+      });
+    }
+    return action;
+  }
+
+  /** The holds of earlier deliveries of this message; none known when they cannot be read (an incident). */
+  async #keptBefore(
+    lane: Lane,
+    message: QueueMessage,
+    key: string,
+  ): Promise<{ readonly holds: number; readonly succeeded: boolean } | undefined> {
+    const holds = lane.consumer.holds;
+    if (holds === undefined) return undefined;
+    try {
+      return await holds.before(key, message.deliveryCount);
+    } catch (error) {
+      this.#incident({
+        kind: "hold_unrecorded",
+        queue: lane.consumer.queue,
+        consumer: lane.consumer.name,
+        messageId: message.messageId,
+        message: `the holds of message ${message.messageId} could not be read (${describeError(error)}): delivery ${message.deliveryCount} counts every earlier one as an attempt`,
+        alert: false,
+      });
+      return undefined;
+    }
+  }
+
+  /** Marks the delivery `origin` names as succeeded by this copy; best effort (its predecessor then just runs again). */
+  async #successorArrived(lane: Lane, message: QueueMessage, origin: string): Promise<void> {
+    const holds = lane.consumer.holds;
+    const at = origin.lastIndexOf(":");
+    const count = Number(origin.slice(at + 1));
+    if (holds === undefined || at <= 0 || !Number.isSafeInteger(count)) return;
+    try {
+      await holds.succeeded(origin.slice(0, at), count);
+    } catch (error) {
+      this.#logger.warn(
+        `${lane.consumer.name}: could not mark the predecessor of message ${message.messageId} (${describeError(error)}); it runs again when it comes back`,
+      );
+    }
   }
 
   #incident(incident: VercelIncident): void {

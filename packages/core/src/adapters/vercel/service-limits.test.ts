@@ -412,11 +412,12 @@ describe("the service's answers to a republish (#11 item 7)", () => {
     expect(h.fake.leaseCalls.filter((c) => c.method === "PATCH").map((c) => c.visibilityTimeoutSeconds)).toContain(80);
   });
 
-  test("202 whose deferred processing never stores the copy: the original kept as insurance runs the job", async () => {
+  test("202 whose deferred processing never stores the copy: the original kept as insurance runs the job, still as attempt 1 (#19)", async () => {
     const { h, consumer, attempts } = await rateLimitedOnce();
     h.fake.failNextSends({ status: 202, store: false });
     await h.settle();
-    expect(attempts).toEqual([1, 2]);
+    // The kept delivery spent no attempt (a recorded hold), so neither does its comeback.
+    expect(attempts).toEqual([1, 1]);
     expect(await effectRows(consumer.name)).toHaveLength(1);
   });
 
@@ -425,7 +426,7 @@ describe("the service's answers to a republish (#11 item 7)", () => {
     { status: 502, errorCode: "consumer_discovery_failed" },
     { status: 503 },
   ]) {
-    test(`${fault.status}: a deferral that cannot be sent waits on its lease instead, and the job is not lost`, async () => {
+    test(`${fault.status}: a deferral that cannot be sent waits on its lease instead, the job is not lost, and the wait spends no attempt (#19)`, async () => {
       const { seen, onIncident } = incidents();
       const h = await open("poll", { onIncident });
       const attempts: number[] = [];
@@ -437,7 +438,7 @@ describe("the service's answers to a republish (#11 item 7)", () => {
       await h.queue.publish(consumer.queue, award());
       h.fake.failNextSends(fault);
       await h.settle();
-      expect(attempts).toEqual([1, 2]);
+      expect(attempts).toEqual([1, 1]);
       expect(await effectRows(consumer.name)).toHaveLength(1);
       expect(seen.map((i) => i.kind)).toEqual(["republish_failed"]);
     });

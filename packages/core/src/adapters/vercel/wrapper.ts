@@ -42,7 +42,17 @@ export interface VercelWrapper {
   readonly notBefore?: number;
   /** An operator's replay (`PublishOptions.replay`), kept through deferrals. */
   readonly replay?: boolean;
+  /**
+   * The delivery this copy succeeds (a republish: a deferral, a hop, a
+   * rescue), as `<message key>:<delivery count>`: its first delivery tells
+   * the transport-hold store that a predecessor kept on its lease (its
+   * republish was not known stored) may now go without running (#19).
+   */
+  readonly origin?: string;
 }
+
+/** Longest `origin` a wrapper carries (a sha256 hex key, a colon, a delivery count). */
+const MAX_ORIGIN_LENGTH = 128;
 
 export type WrapperHead = Omit<VercelWrapper, "body">;
 
@@ -56,6 +66,7 @@ function fieldsOf(head: WrapperHead): Record<string, unknown> {
     ...(head.dueAt !== undefined ? { due_at: head.dueAt } : {}),
     ...(head.notBefore !== undefined ? { not_before: head.notBefore } : {}),
     ...(head.replay ? { replay: true } : {}),
+    ...(head.origin !== undefined ? { origin: head.origin } : {}),
   };
 }
 
@@ -67,8 +78,10 @@ function readHead(value: Record<string, unknown>): WrapperHead | undefined {
     due_at: dueAt,
     not_before: notBefore,
     replay,
+    origin,
   } = value;
   if (consumer !== undefined && typeof consumer !== "string") return undefined;
+  if (origin !== undefined && (typeof origin !== "string" || origin.length > MAX_ORIGIN_LENGTH)) return undefined;
   if (typeof spent !== "number" || !Number.isInteger(spent) || spent < 0) return undefined;
   if (typeof deferred !== "number" || !Number.isInteger(deferred) || deferred < 0) return undefined;
   return {
@@ -78,6 +91,7 @@ function readHead(value: Record<string, unknown>): WrapperHead | undefined {
     ...(typeof dueAt === "number" && Number.isFinite(dueAt) ? { dueAt } : {}),
     ...(typeof notBefore === "number" && Number.isFinite(notBefore) ? { notBefore } : {}),
     ...(replay === true ? { replay: true } : {}),
+    ...(typeof origin === "string" ? { origin } : {}),
   };
 }
 
