@@ -27,7 +27,7 @@ export interface MemoryQueueOptions {
   readonly visibilityTimeoutMs?: number;
   /**
    * Longest `close()` waits for deliveries in flight before it returns
-   * without them. Real time. @default 60_000
+   * without them. Real time. @default 30_000
    */
   readonly closeTimeoutMs?: number;
   /**
