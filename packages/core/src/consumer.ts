@@ -11,7 +11,6 @@ import {
   ROLLBACK_WAIT_MS,
   type RunInWorkTransaction,
   WorkNotStartedError,
-  withinMs,
   workTransactionFor,
 } from "./db/work-transaction.ts";
 import { ENVELOPE_FIELD_MAX, type Envelope, isJobId, jobCreatedAt } from "./envelope.ts";
@@ -33,6 +32,7 @@ import {
   resolveRetryPolicy,
   retryDelayMs,
 } from "./retry.ts";
+import { withinMs } from "./timers.ts";
 
 export type { HandlerContext } from "./context.ts";
 export type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";

@@ -54,3 +54,18 @@ export function checkTimerPeriod(what: string, ms: number): number {
   }
   return ms;
 }
+
+/**
+ * `work`'s result if it comes within `ms`, else the error `expired` returns
+ * (`work` goes on; its late result or error is dropped). For work that
+ * cannot be cancelled: a dead letter's writes on their own transaction, a
+ * transport's send.
+ */
+export function withinMs<T>(work: Promise<T>, ms: number, expired: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(expired()), ms);
+  });
+  work.catch(() => {});
+  return Promise.race([work, late]).finally(() => clearTimeout(timer));
+}

@@ -124,6 +124,17 @@ export interface FakeReply {
   readonly errorCode?: string;
   /** 202 only: false when the "deferred processing" never stores the message (the pessimistic answer). @default true */
   readonly store?: boolean;
+  /**
+   * Sends only: wait this long (real ms) before going on, as the status says
+   * (201: store and answer the id): a client that gives up first saw a
+   * timeout of a send that was stored all the same.
+   */
+  readonly delayMs?: number;
+  /**
+   * Sends only: close the connection without an answer, `before` storing the
+   * message or `after` storing it (with status 201). Recorded as status 0.
+   */
+  readonly dropConnection?: "before" | "after";
 }
 
 export interface FakeFaults {
@@ -597,11 +608,17 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
           body,
         });
       const fault = sendFaults.shift() ?? fake.faults.send?.({ topic, body, idempotencyKey: key });
+      if (fault?.delayMs !== undefined) await new Promise((resolve) => setTimeout(resolve, fault.delayMs));
+      if (fault?.dropConnection === "before") {
+        record("", false, 0);
+        res.socket?.destroy();
+        return;
+      }
       if (fault?.status === 202 && fault.store === false) {
         record("", false, 202);
         return reply(res, 202, { status: "accepted" });
       }
-      if (fault && fault.status !== 202) {
+      if (fault && fault.status !== 202 && fault.status !== 201) {
         record("", false, fault.status);
         return replyFault(res, fault);
       }
@@ -640,6 +657,11 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
       if (fault?.status === 202) {
         record(m.id, false, 202);
         return reply(res, 202, { status: "accepted" });
+      }
+      if (fault?.dropConnection === "after") {
+        record(m.id, false, 0);
+        res.socket?.destroy();
+        return;
       }
       record(m.id, false, 201);
       return reply(res, 201, { messageId: m.id });

@@ -8,8 +8,8 @@
  */
 import { sql } from "drizzle-orm";
 import type { TransportHolds } from "../queue-port.ts";
+import { withinMs } from "../timers.ts";
 import type { AnyPgDatabase } from "./types.ts";
-import { withinMs } from "./work-transaction.ts";
 
 /** postgres.js returns rows as an array, PGlite and node-postgres as `{ rows }`. */
 function rowsOf<T>(result: unknown): T[] {

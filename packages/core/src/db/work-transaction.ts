@@ -40,6 +40,7 @@
 import { sql } from "drizzle-orm";
 import { PgTransaction } from "drizzle-orm/pg-core";
 import { InvalidConfigError } from "../errors.ts";
+import { withinMs } from "../timers.ts";
 import { type Answer, type Driver, type DriverConnection, Gate, type Opening, type Statement } from "./driver.ts";
 import { nodePostgresDriver } from "./drivers/node-postgres.ts";
 import { pgliteDriver } from "./drivers/pglite.ts";
@@ -633,20 +634,6 @@ export class DecisionTimeoutError extends Error {
     );
     this.name = "DecisionTimeoutError";
   }
-}
-
-/**
- * `work`'s result if it comes within `ms`, else the error `expired` returns
- * (`work` goes on; its late result or error is dropped). For the writes of a
- * dead letter, which make their own transaction on the pool.
- */
-export function withinMs<T>(work: Promise<T>, ms: number, expired: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(expired()), ms);
-  });
-  work.catch(noop);
-  return Promise.race([work, late]).finally(() => clearTimeout(timer));
 }
 
 /** The decision reads the fence key after waiting on it: READ COMMITTED, like the work transaction. */

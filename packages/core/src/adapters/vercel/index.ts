@@ -46,7 +46,7 @@ import {
   type QueuePort,
   type ReplayLanePort,
 } from "../../queue-port.ts";
-import { timerDelay } from "../../timers.ts";
+import { timerDelay, withinMs } from "../../timers.ts";
 import { nonNegative, positiveInteger } from "../../validate.ts";
 import { MIN_WRAPPER_SECRET_LENGTH, WRAPPER_RESERVE_BYTES, WrapperCodec, type WrapperHead } from "./wrapper.ts";
 
@@ -107,6 +107,14 @@ export interface VercelQueueOptions {
   readonly deliveryWindowSeconds?: number;
   /** Largest message the service accepts; publish refuses an envelope that could not be wrapped within it. @default 100_000_000 */
   readonly maxMessageBytes?: number;
+  /**
+   * Longest the adapter waits for the service's answer to one of its own
+   * republishes (a deferral, a hop, a rescue) before it takes the copy as
+   * not stored and keeps the original (a copy stored after all is a
+   * successor like any other). The SDK's send has no timeout of its own.
+   * @default 10_000 (1_000..60_000)
+   */
+  readonly republishTimeoutMs?: number;
   /** Lease taken per delivery; renewed while the handler runs. @default 300 (30..3600) */
   readonly visibilityTimeoutSeconds?: number;
   /** How often a lease is renewed while the handler runs. @default as the SDK: min(60, max(10, visibility / 5)) s */
@@ -345,6 +353,7 @@ export interface VercelQueueConfig {
   readonly maxMessageBytes: number;
   readonly visibilityTimeoutSeconds: number;
   readonly leaseRenewalMs: number;
+  readonly republishTimeoutMs: number;
   readonly wrapperSecret: string;
   readonly acceptUnsignedWrappers: boolean;
 }
@@ -430,6 +439,12 @@ export function resolveVercelQueueConfig(options: VercelQueueOptions = {}): Verc
       `leaseRenewalMs: must be above 0 and at most ${defaultRenewalMs} (a renewal must come well before the lease ends), got ${leaseRenewalMs}`,
     );
   }
+  const republishTimeoutMs = options.republishTimeoutMs ?? 10_000;
+  if (!Number.isInteger(republishTimeoutMs) || republishTimeoutMs < 1_000 || republishTimeoutMs > 60_000) {
+    problems.push(
+      `republishTimeoutMs: must be an integer from 1000 to 60000 (a republish waits inside a delivery), got ${republishTimeoutMs}`,
+    );
+  }
   const wrapperSecret = options.wrapperSecret ?? env["SOFTCRUM_QUEUE_SECRET"] ?? "";
   if (typeof wrapperSecret !== "string" || wrapperSecret.length < MIN_WRAPPER_SECRET_LENGTH) {
     problems.push(
@@ -449,6 +464,7 @@ export function resolveVercelQueueConfig(options: VercelQueueOptions = {}): Verc
     maxMessageBytes,
     visibilityTimeoutSeconds,
     leaseRenewalMs,
+    republishTimeoutMs,
     wrapperSecret,
     acceptUnsignedWrappers: options.acceptUnsignedWrappers === true,
   };
@@ -1451,15 +1467,14 @@ class VercelQueueAdapter implements VercelQueue {
     try {
       stored = await this.#republish(lane, message, head, body, lane.redeliverySeconds);
     } catch (error) {
-      this.#incident({
-        kind: "job_at_risk",
-        queue: lane.consumer.queue,
-        consumer: lane.consumer.name,
-        messageId: message.messageId,
-        message: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and republishing it failed (${describeError(error)}): the service may drop it`,
-        alert: true,
+      // No successor known stored, and this message is about to be dropped:
+      // the dead letter holds the job now, as after a 202 (a copy stored
+      // after all finds the letter pending and does not run).
+      return this.#deadLetterNow(lane, message, delivery, {
+        errorClass: last ? "exhausted" : "expired",
+        attempts: head.attemptsSpent,
+        error: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and republishing it failed (${describeError(error)}): dead-lettered rather than risk losing the job`,
       });
-      return { kind: "none" };
     }
     if (stored === "accepted") {
       // 202: the copy is not known to be stored, and this message is about to
@@ -1535,7 +1550,7 @@ class VercelQueueAdapter implements VercelQueue {
       },
       body,
     );
-    const { stored } = await this.#send(
+    const sending = this.#send(
       lane.topic,
       wrapped,
       Math.min(delaySeconds, this.#maxDelaySeconds),
@@ -1548,6 +1563,13 @@ class VercelQueueAdapter implements VercelQueue {
         deliveryCount: message.deliveryCount,
         body: message.payload,
       }),
+    );
+    // No answer in time is no answer: the copy is not known stored (throws,
+    // and every caller keeps the original).
+    const { stored } = await withinMs(
+      sending,
+      this.#config.republishTimeoutMs,
+      () => new Error(`the service did not answer a republish within ${this.#config.republishTimeoutMs} ms`),
     );
     return stored ? "stored" : "accepted";
   }
