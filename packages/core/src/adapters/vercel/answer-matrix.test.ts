@@ -142,7 +142,7 @@ describe.each(["push", "poll"] as const)("every answer on every republishing pat
         expect(done.length).toBeLessThanOrEqual(1);
         if (path !== "rescue at the cap") expect(done).toHaveLength(1);
         // The rescued copy carries the 7 crashed deliveries as attempts spent: past the budget, its letter holds the job.
-      if (path === "rescue at the cap") expect(pending.map((l) => l.errorClass)).toEqual(["exhausted"]);
+        if (path === "rescue at the cap") expect(pending.map((l) => l.errorClass)).toEqual(["exhausted"]);
         // Attempts count handler runs that spent one, nothing else.
         for (const r of runs) expect(r.attempt).toBeLessThanOrEqual(r.run);
         if (path === "deferral" || path === "hop") expect(runs.every((r) => r.attempt === 1)).toBe(true);
