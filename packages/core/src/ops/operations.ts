@@ -17,6 +17,7 @@ import type { AnyPgDatabase } from "../db/types.ts";
 import { checkEnvelope, type Envelope } from "../envelope.ts";
 import { describeError, InvalidConfigError, isSoftcrumError, OpsError } from "../errors.ts";
 import { isStored, type QueuePort, type ReplayLanePort } from "../queue-port.ts";
+import { withinMs } from "../timers.ts";
 import {
   type DeadLetterFilter,
   deadLetterFilterSchema,
@@ -67,6 +68,13 @@ export interface OpsDeps {
   readonly clock?: Clock;
   /** Most letters one direct `replay()` call may take; more need a batch. @default 100 */
   readonly maxDirectReplay?: number;
+  /**
+   * Longest one replay's publish may take (the letter's row is locked while
+   * it runs): no answer in time is not stored, the replay rolls back and the
+   * letter stays pending (a copy stored after all finds it pending and does
+   * not run). @default 10_000
+   */
+  readonly publishTimeoutMs?: number;
 }
 
 export type DeadLetterSummary = Omit<DeadLetterRow, "payload">;
@@ -238,6 +246,7 @@ export class DeadLetterOperations {
   readonly maxDirectReplay: number;
   readonly approvalThreshold: number;
   readonly approvalWindowMs: number;
+  readonly publishTimeoutMs: number;
 
   constructor(deps: OpsDeps) {
     this.db = deps.db;
@@ -252,6 +261,12 @@ export class DeadLetterOperations {
     this.metrics = deps.metrics ?? noopOpsMetrics;
     this.clock = deps.clock ?? systemClock;
     this.maxDirectReplay = deps.maxDirectReplay ?? 100;
+    this.publishTimeoutMs = deps.publishTimeoutMs ?? 10_000;
+    if (!Number.isFinite(this.publishTimeoutMs) || this.publishTimeoutMs <= 0) {
+      throw new InvalidConfigError(
+        `the dead-letter operations: publishTimeoutMs must be a positive number of milliseconds, got ${deps.publishTimeoutMs}`,
+      );
+    }
   }
 
   /** Letters matching `filter`, newest (or oldest) first, `limit` at a time. */
@@ -577,7 +592,15 @@ export class DeadLetterOperations {
           // consumers either have their fence already or had their own letter
           // for this job handled separately (perhaps discarded on purpose).
           // Delivered as a replay: an operator asked for it, so it is not expired (maxAgeMs).
-          const receipt = await this.replayTransport.publishReplay(claimed.queue, claimed.consumer, body);
+          // No answer in time is no answer: not stored (rolled back below).
+          const receipt = await withinMs(
+            this.replayTransport.publishReplay(claimed.queue, claimed.consumer, body),
+            this.publishTimeoutMs,
+            () =>
+              new Error(
+                `the transport did not answer the replay's publish within ${this.publishTimeoutMs} ms; replay it again`,
+              ),
+          );
           // Only a copy the transport says it stored makes the letter
           // `replayed`. A 202 ("accepted for deferred processing": stored
           // later, or never) rolls this back: the letter stays pending, and a

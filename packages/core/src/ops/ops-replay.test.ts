@@ -264,6 +264,50 @@ describe.each(["push", "poll"] as const)("Vercel Queues (%s): the replay lane (#
     }
   });
 
+  test.each([
+    ["202, never stored", { status: 202, store: false }],
+    ["429 with Retry-After", { status: 429, retryAfter: 30 }],
+    ["500", { status: 500 }],
+    ["503", { status: 503 }],
+    ["no answer in time (stored)", { status: 201, delayMs: 1_500 }],
+    ["connection lost before storing", { status: 201, dropConnection: "before" as const }],
+    ["connection lost after storing", { status: 201, dropConnection: "after" as const }],
+  ])(
+    "a replay answered %s is not recorded as replayed: the letter stays pending, nothing runs, and a replay answered 201 then runs it once (#19)",
+    async (_, answer) => {
+      const h = await vercelHarness(mode);
+      try {
+        h.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger }));
+        const envelope = award("vercel-answers", 4);
+        const id = uuidv7();
+        await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+        values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+        const viaVercel = createOps({
+          db: pg.db,
+          queue: h.queue,
+          routes: [{ queue: QUEUE, consumer: CONSUMER }],
+          publishTimeoutMs: 1_000,
+        });
+        h.fake.failNextSends(answer);
+        const first = await viaVercel.deadLetters.replay([id], { operator: "ana", reason: "x" });
+        expect(first.counts).toEqual({ failed: 1 });
+        expect(await statusOf(id)).toBe("pending_review");
+        // A send still in flight after the timeout lands now; whatever was stored is delivered.
+        await new Promise((r) => setTimeout(r, 700));
+        await h.settle();
+        expect(await effectsOf(envelope.job_id)).toBe(0);
+        expect(await statusOf(id)).toBe("pending_review");
+        expect((await viaVercel.deadLetters.replay([id], { operator: "ana", reason: "x" })).counts).toEqual({
+          replayed: 1,
+        });
+        await h.settle();
+        expect(await effectsOf(envelope.job_id)).toBe(1);
+      } finally {
+        await h.close();
+      }
+    },
+  );
+
   test("a replay goes to the consumer's own replay topic with the letter's bytes unwrapped, and runs as a replay", async () => {
     const h = await vercelHarness(mode);
     try {

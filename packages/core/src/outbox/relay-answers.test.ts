@@ -86,8 +86,15 @@ describe.each(["push", "poll"] as const)("the relay over Vercel Queues (%s)", (m
     expect(await effectsOf(consumer.name)).toBe(1);
   });
 
-  for (const fault of [{ status: 429, retryAfter: 30 }, { status: 500 }, { status: 503 }]) {
-    test(`a publish answered ${fault.status} leaves the row for a later pass; the job is applied once`, async () => {
+  for (const [label, fault] of [
+    ["429 with Retry-After", { status: 429, retryAfter: 30 }],
+    ["500", { status: 500 }],
+    ["502 consumer_discovery_failed", { status: 502, errorCode: "consumer_discovery_failed" }],
+    ["503", { status: 503 }],
+    ["connection lost before storing", { status: 201, dropConnection: "before" as const }],
+    ["connection lost after storing", { status: 201, dropConnection: "after" as const }],
+  ] as const) {
+    test(`a publish answered ${label} leaves the row for a later pass; the job is applied once`, async () => {
       const { h, consumer, relay } = await setUp();
       h.fake.failNextSends(fault);
       expect(await relay.run()).toMatchObject({ published: 0, failed: 1 });
