@@ -21,7 +21,7 @@
  */
 
 import { InvalidConfigError } from "@softcrum/core";
-import type { VercelQueueOptions } from "@softcrum/core/adapters/vercel";
+import type { VercelQueueConfig, VercelQueueOptions } from "@softcrum/core/adapters/vercel";
 import {
   type CleanupReport,
   checkFenceTtl,
@@ -39,15 +39,23 @@ import { createLoyaltyModule, type LoyaltyModule } from "./composition-root.ts";
  * A poll worker consumes in one fixed region, unpinned: a message is consumed
  * only in the region it was sent to, and a pinned poller strands every other
  * deployment's messages (ADR 0009). Its own publishes follow the same rule.
+ * The options are read and checked once, here (`resolveVercelQueueConfig`):
+ * the fence check needs their retention before the module exists, and the
+ * adapter then takes that configuration as it is (`config`).
  */
-function pollingVercelOptions(options: WorkerOptions): VercelQueueOptions {
+async function pollingVercelOptions(
+  options: WorkerOptions,
+): Promise<VercelQueueOptions & { readonly config: VercelQueueConfig }> {
   const region = options.vercel?.region ?? process.env["SOFTCRUM_QUEUE_REGION"];
   if (!region) {
     throw new InvalidConfigError(
       "SOFTCRUM_QUEUE=vercel: the worker polls Vercel Queues and needs the fixed region its producers send to: set SOFTCRUM_QUEUE_REGION (e.g. iad1), not VERCEL_REGION",
     );
   }
-  return { deploymentId: null, ...options.vercel, region };
+  const polling: VercelQueueOptions = { deploymentId: null, ...options.vercel, region };
+  // Loaded only here, so the in-process worker never needs the Vercel SDK.
+  const { resolveVercelQueueConfig } = await import("@softcrum/core/adapters/vercel");
+  return { ...polling, config: resolveVercelQueueConfig(polling) };
 }
 
 export interface WorkerOptions {
@@ -73,14 +81,12 @@ export interface LoyaltyWorker {
   stop(): Promise<void>;
 }
 
-/** Vercel Queues may hold a message (a deferral, a late redelivery) up to its 7-day retention. */
-const VERCEL_HOLD_MS = 604_800_000;
-
 export async function startLoyaltyWorker(options: WorkerOptions): Promise<LoyaltyWorker> {
   const transport = options.transport ?? (process.env["SOFTCRUM_QUEUE"] === "vercel" ? "vercel" : "memory");
-  const vercelOptions = transport === "vercel" ? pollingVercelOptions(options) : undefined;
-  // The fence TTL must cover the retention the adapter asks for (a message may come back that late).
-  const transportHoldMs = vercelOptions ? (vercelOptions.retentionSeconds ?? VERCEL_HOLD_MS / 1000) * 1000 : 0;
+  const vercelOptions = transport === "vercel" ? await pollingVercelOptions(options) : undefined;
+  // The fence TTL must cover the retention the adapter asks for (a message may come back that late):
+  // Vercel Queues may hold a message (a deferral, a late redelivery) up to its retention, 7 days by default.
+  const transportHoldMs = vercelOptions ? vercelOptions.config.transportHoldMs : 0;
   // Checked first: a TTL a late retry could outlive stops the worker before it opens or consumes anything.
   checkFenceTtl({
     ttlMs: options.fenceTtlMs,

@@ -1,0 +1,190 @@
+/**
+ * One leased message, start to end, for both delivery modes: the lease
+ * lifecycle the adapter runs on the SDK's API client instead of the SDK's
+ * own (which trusts a push callback's body without asking the service, lets
+ * a renewal overwrite the directive, and only `console.warn`s a failed
+ * acknowledgement). What the delivery decides is `Republisher.process`
+ * (republish.ts); this file confirms, renews, applies and reports.
+ */
+import type { Clock } from "../../clock.ts";
+import { describeError } from "../../errors.ts";
+import type { Logger } from "../../ports/logger.ts";
+import { DIRECTIVE_MAX_RETRY_AFTER_S, DIRECTIVE_TRIES, type VercelQueueConfig } from "./config.ts";
+import type { Incidents } from "./incidents.ts";
+import type { DeliveryContext, Lane, Outcome, Processed } from "./lane.ts";
+import type { Republisher } from "./republish.ts";
+import { errorName, type LeaseApi, type LeaseRef, leaseGone, type QueueMessage } from "./service.ts";
+import type { VercelIncident } from "./types.ts";
+
+/** What a delivery mode (the push route, the poll loop) works with. */
+export interface ModeContext extends DeliveryContext {
+  readonly api: LeaseApi;
+  readonly lease: LeaseRunner;
+}
+
+export class LeaseRunner {
+  readonly #config: VercelQueueConfig;
+  readonly #clock: Clock;
+  readonly #logger: Logger;
+  readonly #incidents: Incidents;
+  readonly #republisher: Republisher;
+
+  constructor(ctx: DeliveryContext, republisher: Republisher) {
+    this.#config = ctx.config;
+    this.#clock = ctx.clock;
+    this.#logger = ctx.logger;
+    this.#incidents = ctx.incidents;
+    this.#republisher = republisher;
+  }
+
+  /**
+   * One leased message, start to end: confirm the lease (a push callback),
+   * renew it while the consumer runs, wait for a renewal still in flight (so
+   * it cannot land after the directive and undo it), apply the directive, and
+   * report a directive that failed.
+   */
+  async consume(lane: Lane, message: QueueMessage, confirm: boolean): Promise<Outcome> {
+    const expiresAt = this.#expiresAt(message);
+    const ref: LeaseRef = { queueName: lane.topic, consumerGroup: lane.group, receiptHandle: message.receiptHandle };
+    const incident = (kind: VercelIncident["kind"], text: string, alert = false) =>
+      this.#incidents.report({
+        kind,
+        queue: lane.consumer.queue,
+        consumer: lane.consumer.name,
+        messageId: message.messageId,
+        message: text,
+        alert,
+      });
+    /** A lease of `seconds`, never past the message's expiry (the service refuses that). */
+    const leaseFor = (seconds: number) =>
+      Math.max(0, Math.min(seconds, Math.floor((expiresAt - this.#clock.now()) / 1000)));
+    const vt = this.#config.visibilityTimeoutSeconds;
+
+    if (confirm) {
+      // Proof that the service leased this message to this consumer group
+      // under this handle (and the lease the route works under, instead of
+      // the server's short first one): a forged or stale callback gets 404/409.
+      try {
+        await lane.api.changeVisibility({ ...ref, visibilityTimeoutSeconds: leaseFor(vt) });
+      } catch (error) {
+        if (leaseGone(error) || errorName(error) === "BadRequestError") {
+          incident(
+            "unconfirmed_callback",
+            `push callback for message ${message.messageId} not confirmed by the service (${describeError(error)}); the handler did not run`,
+          );
+          return "skipped";
+        }
+        throw error;
+      }
+    }
+
+    let stopped = false;
+    let timer: NodeJS.Timeout | undefined;
+    let renewal: Promise<void> | undefined;
+    const renew = () => {
+      timer = undefined;
+      if (stopped) return;
+      renewal = (async () => {
+        try {
+          const seconds = leaseFor(vt);
+          if (seconds > 0) await lane.api.changeVisibility({ ...ref, visibilityTimeoutSeconds: seconds });
+          if (!stopped) timer = setTimeout(renew, this.#config.leaseRenewalMs).unref();
+        } catch (error) {
+          incident("lease_renewal_failed", `lease renewal failed: ${describeError(error)}`);
+          // A lease that is gone stays gone; anything else is tried again soon.
+          if (!leaseGone(error) && !stopped) {
+            timer = setTimeout(renew, Math.min(3_000, this.#config.leaseRenewalMs)).unref();
+          }
+        }
+      })();
+    };
+    // Unref'd like the core's other timers: the delivery itself keeps the process busy.
+    timer = setTimeout(renew, this.#config.leaseRenewalMs).unref();
+    let processed: Processed;
+    try {
+      processed = await this.#republisher.process(lane, message, expiresAt);
+    } catch (error) {
+      processed = { action: { kind: "none" } };
+      this.#logger.error(`${lane.consumer.name}: delivery failed: ${describeError(error)}`, {
+        messageId: message.messageId,
+      });
+    } finally {
+      stopped = true;
+      clearTimeout(timer);
+      // A renewal already sent must finish before the directive, or it could
+      // land after it and move the lease back to the full visibility timeout.
+      await renewal;
+    }
+
+    const { action } = processed;
+    const emit = (applied: boolean) => {
+      if (!processed.event) return;
+      if (action.kind === "ack") {
+        this.#incidents.emit({
+          ...processed.event,
+          action: action.event ?? "ack",
+          ...(action.afterSeconds !== undefined ? { afterSeconds: action.afterSeconds } : {}),
+          applied,
+        });
+      } else if (action.kind === "visibility") {
+        this.#incidents.emit({ ...processed.event, action: "visibility", afterSeconds: action.seconds, applied });
+      } else this.#incidents.emit({ ...processed.event, action: "none", applied });
+    };
+    if (action.kind === "none") {
+      if (lane.mode === "push") {
+        // The route answers 500; whether the service then waits the trigger's
+        // retryAfterSeconds or the lease (which the confirmation lengthened) is
+        // undocumented: end the lease then, so both answers agree. Best effort.
+        await lane.api
+          .changeVisibility({ ...ref, visibilityTimeoutSeconds: leaseFor(lane.redeliverySeconds) })
+          .catch(() => {});
+      }
+      emit(true);
+      return "not_acknowledged";
+    }
+    try {
+      await this.#directive(() =>
+        action.kind === "ack"
+          ? lane.api.acknowledgeMessage(ref)
+          : lane.api.changeVisibility({ ...ref, visibilityTimeoutSeconds: action.seconds }),
+      );
+    } catch (error) {
+      // The message comes back when its lease ends (an acknowledged job as a
+      // duplicate the fence absorbs; a retry possibly earlier than its backoff).
+      const what = action.kind === "ack" ? "ack_failed" : "visibility_failed";
+      incident(
+        what,
+        `${action.kind === "ack" ? "acknowledgement" : `visibility change of ${action.seconds} s`} failed: ${describeError(error)}; the message comes back when its lease ends`,
+      );
+      emit(false);
+      return "directive_failed";
+    }
+    emit(true);
+    return "done";
+  }
+
+  /** Applies an acknowledgement or visibility change, trying again on network errors and a short 429. */
+  async #directive(call: () => Promise<unknown>): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await call();
+        return;
+      } catch (error) {
+        if (attempt >= DIRECTIVE_TRIES) throw error;
+        const retryAfter = (error as { retryAfter?: unknown }).retryAfter;
+        if (errorName(error) === "TooManyRequestsError") {
+          if (typeof retryAfter !== "number" || retryAfter > DIRECTIVE_MAX_RETRY_AFTER_S) throw error;
+          await new Promise((r) => setTimeout(r, retryAfter * 1000));
+        } else if (error instanceof TypeError) {
+          await new Promise((r) => setTimeout(r, 250 * attempt));
+        } else throw error;
+      }
+    }
+  }
+
+  /** When the service drops the message; the SDK's own assumption (a day after the send) when it says nothing. */
+  #expiresAt(message: QueueMessage): number {
+    const reported = message.expiresAt?.getTime();
+    return reported !== undefined && Number.isFinite(reported) ? reported : message.createdAt.getTime() + 86_400_000;
+  }
+}

@@ -1,0 +1,155 @@
+import { eq } from "drizzle-orm";
+import { describe, expect, test } from "vitest";
+import { useEffectsDatabase } from "../../../test/fixtures.ts";
+import { award, pointsFixture, random } from "../../../test/points-fixture.ts";
+import { useVercelHarnesses, type VercelHarness } from "../../../test/vercel-transport.ts";
+import { processedJobs } from "../../db/schema.ts";
+import { PermanentError } from "../../errors.ts";
+import { createOps } from "../../ops/index.ts";
+import { DEFAULT_RETRY_POLICY, retryDelayMs } from "../../retry.ts";
+import { toVercelTopic } from "./topics.ts";
+
+const pg = useEffectsDatabase("vercel-push");
+
+const { pointsConsumer, bind, effectRows, letters } = pointsFixture(pg, "vercel");
+
+/** Acknowledgements and visibility changes, without the push route's lease confirmation (a PATCH to the full 300 s lease). */
+const directives = (h: VercelHarness) =>
+  h.fake.leaseCalls.filter((c) => !(c.method === "PATCH" && c.visibilityTimeoutSeconds === 300));
+
+const open = useVercelHarnesses();
+
+describe("push mode (route handler)", () => {
+  test("a transient failure answers with a visibility change of the harness's backoff, and the retry then succeeds", async () => {
+    const h = await open("push");
+    const attempts: number[] = [];
+    const consumer = pointsConsumer((ctx) => {
+      attempts.push(ctx.attempt);
+      if (ctx.attempt === 1) throw new Error("partner timeout");
+    });
+    h.subscribe(bind(consumer));
+    await h.queue.publish(consumer.queue, award());
+    await h.fake.dispatch();
+    const backoff = Math.ceil(retryDelayMs(DEFAULT_RETRY_POLICY, 1, random) / 1000);
+    expect(h.fake.leaseCalls.map((c) => [c.method, c.visibilityTimeoutSeconds, c.status])).toEqual([
+      ["PATCH", 300, 200], // the route confirms its lease before running anything
+      ["PATCH", backoff, 200],
+    ]);
+    expect(h.fake.callbacks.map((c) => c.status)).toEqual([200]);
+    await h.settle();
+    expect(attempts).toEqual([1, 2]);
+    expect(h.fake.leaseCalls.at(-1)).toMatchObject({ method: "DELETE", status: 204 });
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+    expect(h.fake.pending(toVercelTopic(consumer.queue), h.fake.callbacks[0]?.group ?? "")).toBe(0);
+  });
+
+  test("poison and dead-lettered deliveries are acknowledged and leave a dead-letter row", async () => {
+    const h = await open("push");
+    const consumer = pointsConsumer((ctx) => {
+      if (ctx.envelope.data && (ctx.envelope.data as { points: number }).points === 13) {
+        throw new PermanentError("account closed");
+      }
+    });
+    h.subscribe(bind(consumer));
+    const topic = toVercelTopic(consumer.queue);
+    h.fake.inject(topic, "not json at all");
+    await h.queue.publish(consumer.queue, award(13));
+    await h.fake.dispatch();
+    expect(directives(h).map((c) => c.method)).toEqual(["DELETE", "DELETE"]);
+    const rows = await letters(consumer.name);
+    expect(rows.map((r) => r.errorClass).sort()).toEqual(["permanent", "poison"]);
+    expect(rows.find((r) => r.errorClass === "poison")?.payload).toBe("not json at all");
+    expect(h.fake.pending(topic, h.fake.callbacks[0]?.group ?? "")).toBe(0);
+  });
+
+  test("a dead-letter write failure is not acknowledged and comes back after the trigger's retry delay", async () => {
+    await pg.sql.unsafe(`
+      create or replace function test_refuse_dead_letters() returns trigger language plpgsql as
+        $$ begin raise exception 'disk full (simulated)'; end $$;
+      create trigger refuse_dead_letters before insert on core.dead_letters
+        for each row execute function test_refuse_dead_letters();`);
+    try {
+      const h = await open("push", { retryAfterSeconds: 45 });
+      const consumer = pointsConsumer();
+      h.subscribe(bind(consumer));
+      const topic = toVercelTopic(consumer.queue);
+      const id = h.fake.inject(topic, "{broken");
+      await h.fake.dispatch();
+      const group = h.fake.callbacks[0]?.group ?? "";
+      expect(h.fake.callbacks.map((c) => c.status)).toEqual([500]);
+      // Not acknowledged: the lease is only set to end with the trigger's retry delay.
+      expect(directives(h).map((c) => [c.method, c.visibilityTimeoutSeconds])).toEqual([["PATCH", 45]]);
+      expect(h.fake.pending(topic, group)).toBe(1);
+      expect(await letters(consumer.name)).toHaveLength(0);
+
+      await pg.sql`drop trigger refuse_dead_letters on core.dead_letters`;
+      h.fake.clock.advance(44_000);
+      expect(await h.fake.dispatch()).toBe(0);
+      h.fake.clock.advance(1_000);
+      await h.fake.dispatch();
+      expect(h.fake.callbacks.map((c) => [c.deliveryCount, c.status])).toEqual([
+        [1, 500],
+        [2, 200],
+      ]);
+      expect(h.fake.deliveryCount(topic, group, id)).toBe(2);
+      expect((await letters(consumer.name)).map((r) => r.errorClass)).toEqual(["poison"]);
+      expect(h.fake.pending(topic, group)).toBe(0);
+    } finally {
+      await pg.sql`drop trigger if exists refuse_dead_letters on core.dead_letters`;
+    }
+  });
+
+  test("a callback for another topic answers 500 and leaves the message unacknowledged", async () => {
+    const h = await open("push");
+    const consumer = pointsConsumer();
+    h.fake.subscribePush("someone_Delse", h.queue.pushHandler(bind(consumer)), { group: "g" });
+    h.fake.inject("someone_Delse", JSON.stringify(award()));
+    await h.fake.dispatch();
+    expect(h.fake.callbacks.map((c) => c.status)).toEqual([500]);
+    expect(h.fake.leaseCalls).toEqual([]);
+    expect(h.fake.pending("someone_Delse", "g")).toBe(1);
+    expect(await effectRows(consumer.name)).toHaveLength(0);
+  });
+
+  test("a routing-only callback (large message) is received by id, processed and acknowledged", async () => {
+    const h = await open("push");
+    const consumer = pointsConsumer();
+    const topic = toVercelTopic(consumer.queue);
+    h.fake.subscribePush(topic, h.queue.pushHandler(bind(consumer)), { group: "big", mode: "by-id" });
+    await h.queue.publish(consumer.queue, award());
+    await h.fake.dispatch();
+    expect(h.fake.callbacks.map((c) => c.status)).toEqual([200]);
+    expect(h.fake.leaseCalls.map((c) => c.method)).toEqual(["DELETE"]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+  });
+
+  test("publish → retries → dead letter → replay: the replay is delivered (no dedup key) and applied once", async () => {
+    const h = await open("push");
+    let broken = true;
+    const attempts: number[] = [];
+    const consumer = pointsConsumer((ctx) => {
+      attempts.push(ctx.attempt);
+      if (broken) throw new Error("partner down");
+    });
+    h.subscribe(bind(consumer));
+    await h.queue.publish(consumer.queue, award());
+    await h.settle(24 * 3_600_000);
+    expect(attempts).toEqual([1, 2, 3, 4, 5]);
+    const [letter] = await letters(consumer.name);
+    expect(letter).toMatchObject({ errorClass: "exhausted", attempts: 5, status: "pending_review" });
+    expect(directives(h).map((c) => c.method)).toEqual(["PATCH", "PATCH", "PATCH", "PATCH", "DELETE"]);
+
+    broken = false;
+    const ops = createOps({ db: pg.db, queue: h.queue, routes: [{ queue: consumer.queue, consumer: consumer.name }] });
+    const report = await ops.deadLetters.replay([letter?.id as string], { operator: "ana", reason: "partner back" });
+    expect(report.counts).toEqual({ replayed: 1 });
+    const replay = h.fake.sends.at(-1);
+    expect(replay).toMatchObject({ idempotencyKey: undefined, deduplicated: false });
+    expect(h.fake.sends.filter((s) => !s.deduplicated)).toHaveLength(2);
+    await h.settle();
+    expect(attempts.at(-1)).toBe(1);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+    expect(await pg.db.select().from(processedJobs).where(eq(processedJobs.consumer, consumer.name))).toHaveLength(1);
+    expect((await letters(consumer.name)).map((r) => r.status)).toEqual(["replayed"]);
+  });
+});

@@ -1,0 +1,437 @@
+/**
+ * One delivery's decision (`Republisher.process`): unwrap it, hand it to the
+ * harness, and pick what the service must do — acknowledge, wait on the
+ * lease (a retry that spends its attempt and fits the lease and the
+ * message's life), or republish a fresh copy and acknowledge the original.
+ *
+ * Which path reads which answer of its republish. Stored: 201 (an id). Not
+ * known stored: 202 (no id), an error, or no answer within
+ * `republishTimeoutMs`; a copy stored after all is a successor like any
+ * other (its first delivery marks the hold of the original, holds.ts).
+ * - hop (a message that came due before its time): stored → ack; not
+ *   known stored → the original waits on its lease for the rest (a
+ *   recorded hold), or is left to the service if it would expire first;
+ * - deferral (a wait that spends no attempt) or a retry past the lease,
+ *   the cap or the expiry: stored → ack ("deferred"); 202 → the original
+ *   waits on its lease a minute past the copy's delay; an error or no
+ *   answer → it waits on its lease for the delay — either wait a recorded
+ *   hold unless the attempt was spent, and the dead letter now
+ *   (`#deadLetterNow`) when the service would drop the original first;
+ * - rescue (a delivery not acknowledged at the cap or the expiry,
+ *   `#unacknowledged`): stored → ack; not known stored → the dead letter now.
+ */
+import type { Clock } from "../../clock.ts";
+import { describeError } from "../../errors.ts";
+import type { Delivery, DeliveryResult } from "../../queue-port.ts";
+import { withinMs } from "../../timers.ts";
+import {
+  EXPIRY_MARGIN_MS,
+  maxBodyBytes,
+  maxDelaySeconds,
+  VERCEL_MAX_VISIBILITY_SECONDS,
+  type VercelQueueConfig,
+} from "./config.ts";
+import { keep, keptBefore, messageKey, sha256, successorArrived } from "./holds.ts";
+import type { Incidents } from "./incidents.ts";
+import type { Action, DeliveryContext, Lane, Processed } from "./lane.ts";
+import type { QueueMessage, VercelService } from "./service.ts";
+import type { VercelIncident } from "./types.ts";
+import type { WrapperCodec, WrapperHead } from "./wrapper.ts";
+
+function byteLength(body: string | Uint8Array): number {
+  return typeof body === "string" ? Buffer.byteLength(body, "utf8") : body.byteLength;
+}
+
+/**
+ * The provider idempotency key of a republish: one per consumer and delivery
+ * of one message, so a route retried after a lost response does not make two.
+ * Message ids are opaque and their uniqueness across deployment partitions
+ * is undocumented, while a duplicate key is "silently dropped out-of-band"
+ * (after which the original is acknowledged: a lost job), so the key also
+ * binds the topic, the deployment, the send time and the bytes.
+ */
+function republishKey(parts: {
+  readonly consumer: string;
+  readonly topic: string;
+  readonly deploymentId: string | null;
+  readonly createdAt: number;
+  readonly messageId: string;
+  readonly deliveryCount: number;
+  readonly body: Uint8Array;
+}): string {
+  const identity = JSON.stringify([
+    parts.consumer,
+    parts.topic,
+    parts.deploymentId,
+    parts.createdAt,
+    parts.messageId,
+    parts.deliveryCount,
+    sha256(parts.body),
+  ]);
+  return `softcrum-deferral:${sha256(identity)}`;
+}
+
+export class Republisher {
+  readonly #ctx: DeliveryContext;
+  readonly #config: VercelQueueConfig;
+  readonly #clock: Clock;
+  readonly #incidents: Incidents;
+  readonly #wrappers: WrapperCodec;
+  readonly #service: VercelService;
+
+  constructor(ctx: DeliveryContext, wrappers: WrapperCodec, service: VercelService) {
+    this.#ctx = ctx;
+    this.#config = ctx.config;
+    this.#clock = ctx.clock;
+    this.#incidents = ctx.incidents;
+    this.#wrappers = wrappers;
+    this.#service = service;
+  }
+
+  /**
+   * One delivery: unwrap, hand it to the harness, and decide what the service
+   * must do so that the message comes back when the harness asks — or, when
+   * the service would drop it first (its delivery cap or its retention), so
+   * that a fresh copy carries it on, or its dead letter is written now.
+   */
+  async process(lane: Lane, message: QueueMessage, expiresAt: number): Promise<Processed> {
+    const { consumer } = lane;
+    const bytes = message.payload;
+    const wrapper = this.#wrappers.read(bytes);
+    // Another consumer's copy (a deferral, a replay): this consumer has its own.
+    if (wrapper?.consumer !== undefined && wrapper.consumer !== consumer.name) return { action: { kind: "ack" } };
+    const body = wrapper ? wrapper.body : bytes;
+    const now = this.#clock.now();
+    const attemptsBefore = wrapper?.attemptsSpent ?? 0;
+    const deferrals = wrapper?.deferrals ?? 0;
+    // The consumer's replay topic carries only replays for it (a deferral of
+    // one is republished there, keeping the lane).
+    const replayLane = lane.topic === lane.replayTopic;
+    const replay = wrapper?.replay === true || replayLane;
+    const dueAt = wrapper?.dueAt ?? message.createdAt.getTime();
+    const carried: WrapperHead = {
+      consumer: consumer.name,
+      attemptsSpent: attemptsBefore,
+      deferrals,
+      dueAt,
+      ...(replay ? { replay: true } : {}),
+    };
+    const last = message.deliveryCount >= lane.maxDeliveries;
+    const fitsBefore = (waitSeconds: number) =>
+      !last && this.#clock.now() + waitSeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
+    const key = messageKey(lane.topic, message);
+    // A copy republished from a delivery that was kept: its predecessor may go.
+    if (wrapper?.origin !== undefined) await successorArrived(this.#ctx, lane, message, wrapper.origin);
+    // Deliveries of this message the adapter kept without spending an attempt
+    // (the service counts every lease): they are not attempts (#19).
+    const kept = message.deliveryCount > 1 ? await keptBefore(this.#ctx, lane, message, key) : undefined;
+    // It was kept for a successor that has arrived since: the job lives on in that copy.
+    if (kept?.succeeded) return { action: { kind: "ack" } };
+
+    // A hop: came due before its time (a wait longer than one message holds).
+    if (wrapper?.notBefore !== undefined && wrapper.notBefore > now + 1_000) {
+      const remaining = Math.ceil((wrapper.notBefore - now) / 1000);
+      try {
+        const stored = await this.#republish(lane, message, carried, body, remaining, wrapper.notBefore);
+        if (stored === "stored") return { action: { kind: "ack" } };
+        // 202: the next hop is not known to be stored, so this one is kept:
+        // it waits on its lease and hops again (a copy stored after all is a
+        // duplicate the fence absorbs).
+        const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
+        this.#incidents.report({
+          kind: "republish_unconfirmed",
+          queue: consumer.queue,
+          consumer: consumer.name,
+          messageId: message.messageId,
+          message: `the service accepted the next hop of a message due in ${remaining} s without storing it yet (202); ${fitsBefore(seconds) ? `the message is kept and hops again in ${seconds} s` : "the message is left to the service"}`,
+          alert: false,
+        });
+        return {
+          action: await keep(
+            this.#ctx,
+            lane,
+            message,
+            key,
+            fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" },
+          ),
+        };
+      } catch (error) {
+        const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
+        this.#incidents.report({
+          kind: "republish_failed",
+          queue: consumer.queue,
+          consumer: consumer.name,
+          messageId: message.messageId,
+          message: `could not republish a message due in ${remaining} s (${describeError(error)}); ${fitsBefore(seconds) ? `it waits ${seconds} s on its lease` : "it is left to the service"}`,
+          alert: false,
+        });
+        return {
+          action: await keep(
+            this.#ctx,
+            lane,
+            message,
+            key,
+            fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" },
+          ),
+        };
+      }
+    }
+
+    const deliveryCount = attemptsBefore + Math.max(1, message.deliveryCount - (kept?.holds ?? 0));
+    const delivery: Delivery = {
+      body,
+      deliveryCount,
+      messageId: message.messageId,
+      dueAt,
+      ...(wrapper?.consumer !== undefined || replayLane ? { targetConsumer: consumer.name } : {}),
+      ...(deferrals > 0 ? { deferrals } : {}),
+      ...(replay ? { replay: true } : {}),
+    };
+    const event = { queue: consumer.queue, consumer: consumer.name, messageId: message.messageId, deliveryCount };
+
+    // A body this transport could not wrap could never be deferred or
+    // replayed: poison, as publish refuses it (another producer sent it).
+    const size = byteLength(body);
+    if (size > maxBodyBytes(this.#config) && typeof consumer.deadLetterNow === "function") {
+      const result = await consumer.deadLetterNow(delivery, {
+        errorClass: "poison",
+        attempts: 0,
+        error: `the message is ${size} bytes, beyond the ${maxBodyBytes(this.#config)} bytes this transport can carry through a deferral or a replay (maxMessageBytes ${this.#config.maxMessageBytes} less the wrapper)`,
+      });
+      return { action: result.ack ? { kind: "ack" } : { kind: "none" }, event: { ...event, result } };
+    }
+
+    let result: DeliveryResult;
+    let thrownResult: { outcome: "thrown"; error: string } | undefined;
+    try {
+      result = await consumer.deliver(delivery);
+    } catch (thrown) {
+      thrownResult = { outcome: "thrown", error: describeError(thrown) };
+      result = { outcome: "dead_letter_failed", ack: false, error: thrownResult.error };
+    }
+    if (result.ack) return { action: { kind: "ack" }, event: { ...event, result } };
+    // A delivery that threw, or whose dead letter could not be written: not
+    // acknowledged, and kept alive past the service's cap or expiry.
+    if (thrownResult !== undefined || result.outcome === "dead_letter_failed") {
+      return {
+        action: await this.#unacknowledged(
+          lane,
+          message,
+          expiresAt,
+          { ...carried, attemptsSpent: deliveryCount },
+          body,
+          delivery,
+        ),
+        event: { ...event, result: thrownResult ?? result },
+      };
+    }
+
+    const afterSeconds =
+      Number.isFinite(result.retryAfterMs) && result.retryAfterMs >= 0
+        ? Math.max(1, Math.ceil(result.retryAfterMs / 1000))
+        : this.#config.visibilityTimeoutSeconds;
+    // A retry that spends the attempt waits on its lease, if the lease can
+    // hold it and the service will still deliver it then.
+    if (result.spendsAttempt && afterSeconds <= VERCEL_MAX_VISIBILITY_SECONDS && fitsBefore(afterSeconds)) {
+      return { action: { kind: "visibility", seconds: afterSeconds }, event: { ...event, result } };
+    }
+    // Otherwise a fresh copy carries it: a wait that must not count (rate
+    // limit, handler never started), one longer than a lease, or one the
+    // service would not live to deliver (past the cap or the retention).
+    const head: WrapperHead = {
+      ...carried,
+      attemptsSpent: result.spendsAttempt ? deliveryCount : deliveryCount - 1,
+      deferrals: result.spendsAttempt ? deferrals : deferrals + 1,
+    };
+    let stored: "stored" | "accepted";
+    try {
+      stored = await this.#republish(lane, message, head, body, afterSeconds);
+    } catch (thrown) {
+      const error = describeError(thrown);
+      const fallback = Math.min(afterSeconds, VERCEL_MAX_VISIBILITY_SECONDS);
+      if (fitsBefore(fallback)) {
+        // The message must not be lost: wait on the lease instead. A wait
+        // that spends no attempt is recorded as a hold, so the comeback is not
+        // one either (the deferral is not counted in `deferrals`).
+        this.#incidents.report({
+          kind: "republish_failed",
+          queue: consumer.queue,
+          consumer: consumer.name,
+          messageId: message.messageId,
+          message: `could not republish a deferral (${error}); delaying the lease ${fallback} s instead`,
+          alert: false,
+        });
+        const wait: Action = { kind: "visibility", seconds: fallback };
+        return {
+          action: result.spendsAttempt ? wait : await keep(this.#ctx, lane, message, key, wait),
+          event: { ...event, result },
+        };
+      }
+      // Neither a copy nor the lease can bring it back: the dead letter now.
+      const expiring = !last;
+      return {
+        action: await this.#deadLetterNow(lane, message, delivery, {
+          errorClass: expiring ? "expired" : "exhausted",
+          attempts: head.attemptsSpent,
+          error: `${result.error} (a redelivery in ${afterSeconds} s would come ${expiring ? `after the message expires at ${new Date(expiresAt).toISOString()}` : `after its last permitted delivery (${lane.maxDeliveries})`}, and republishing it failed: ${error})`,
+        }),
+        event: { ...event, result },
+      };
+    }
+    if (stored === "accepted") {
+      // 202: "accepted for deferred processing", no id: the copy is not known
+      // stored, so the original is kept, leased a little past the copy's
+      // delay. If the copy arrives first, it marks the hold and the original
+      // then goes without running; if not, the original runs — and a wait
+      // that spent no attempt is a recorded hold, so that run is not counted.
+      const insurance = Math.min(afterSeconds + 60, VERCEL_MAX_VISIBILITY_SECONDS);
+      if (fitsBefore(insurance)) {
+        const wait: Action = { kind: "visibility", seconds: insurance };
+        return {
+          action: result.spendsAttempt ? wait : await keep(this.#ctx, lane, message, key, wait),
+          event: { ...event, result },
+        };
+      }
+      // The service would drop the original before the insurance ends: the
+      // dead letter holds the job now (a copy stored after all finds it
+      // pending and does not run; an operator replays it).
+      return {
+        action: await this.#deadLetterNow(lane, message, delivery, {
+          errorClass: last ? "exhausted" : "expired",
+          attempts: head.attemptsSpent,
+          error: `${result.error} (its redelivery copy was accepted without being stored (202), and the message ${last ? `is at its last permitted delivery (${lane.maxDeliveries})` : `expires at ${new Date(expiresAt).toISOString()}`}: dead-lettered rather than risk losing the job)`,
+        }),
+        event: { ...event, result },
+      };
+    }
+    return { action: { kind: "ack", event: "deferred", afterSeconds }, event: { ...event, result } };
+  }
+
+  /**
+   * A delivery left unacknowledged (the consumer threw, or its dead letter
+   * could not be written) normally waits for the service's redelivery; if that
+   * would come past the cap or the retention, a fresh copy carries it instead.
+   */
+  async #unacknowledged(
+    lane: Lane,
+    message: QueueMessage,
+    expiresAt: number,
+    head: WrapperHead,
+    body: string | Uint8Array,
+    delivery: Delivery,
+  ): Promise<Action> {
+    const last = message.deliveryCount >= lane.maxDeliveries;
+    const comesBack = this.#clock.now() + lane.redeliverySeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
+    if (!last && comesBack) return { kind: "none" };
+    const why = last ? `its last permitted delivery (${lane.maxDeliveries})` : "its expiry";
+    let stored: "stored" | "accepted";
+    try {
+      stored = await this.#republish(lane, message, head, body, lane.redeliverySeconds);
+    } catch (error) {
+      // No successor known stored, and this message is about to be dropped:
+      // the dead letter holds the job now, as after a 202 (a copy stored
+      // after all finds the letter pending and does not run).
+      return this.#deadLetterNow(lane, message, delivery, {
+        errorClass: last ? "exhausted" : "expired",
+        attempts: head.attemptsSpent,
+        error: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and republishing it failed (${describeError(error)}): dead-lettered rather than risk losing the job`,
+      });
+    }
+    if (stored === "accepted") {
+      // 202: the copy is not known to be stored, and this message is about to
+      // be dropped: the dead letter now holds the job (a copy stored after
+      // all finds the letter and does not run; an operator replays it).
+      return this.#deadLetterNow(lane, message, delivery, {
+        errorClass: last ? "exhausted" : "expired",
+        attempts: head.attemptsSpent,
+        error: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and the service accepted its rescue copy without storing it (202): dead-lettered rather than risk losing the job`,
+      });
+    }
+    this.#incidents.report({
+      kind: "rescued_before_drop",
+      queue: lane.consumer.queue,
+      consumer: lane.consumer.name,
+      messageId: message.messageId,
+      message: `delivery ${message.deliveryCount} was not acknowledged at ${why}: republished with the ${head.attemptsSpent} attempts spent`,
+      alert: false,
+    });
+    return { kind: "ack" };
+  }
+
+  async #deadLetterNow(
+    lane: Lane,
+    message: QueueMessage,
+    delivery: Delivery,
+    reason: { errorClass: "exhausted" | "expired"; attempts: number; error: string },
+  ): Promise<Action> {
+    const { consumer } = lane;
+    const report = (kind: VercelIncident["kind"], text: string, alert: boolean) =>
+      this.#incidents.report({
+        kind,
+        queue: consumer.queue,
+        consumer: consumer.name,
+        messageId: message.messageId,
+        message: text,
+        alert,
+      });
+    if (typeof consumer.deadLetterNow !== "function") {
+      report("job_at_risk", `${reason.error}; this consumer cannot write its dead letter now`, true);
+      return { kind: "none" };
+    }
+    const result = await consumer.deadLetterNow(delivery, reason);
+    if (!result.ack) {
+      report("job_at_risk", `${reason.error}; its dead letter could not be written either`, true);
+      return { kind: "none" };
+    }
+    report("dead_lettered_before_drop", reason.error, false);
+    return { kind: "ack" };
+  }
+
+  /**
+   * Republishes a job for this consumer (a deferral, a hop, a rescue) with
+   * `delaySeconds`, under an idempotency key of this delivery. "accepted":
+   * the service answered 202 (stored later, no id).
+   */
+  async #republish(
+    lane: Lane,
+    message: QueueMessage,
+    head: WrapperHead,
+    body: string | Uint8Array,
+    delaySeconds: number,
+    notBefore?: number,
+  ): Promise<"stored" | "accepted"> {
+    const hop = delaySeconds > maxDelaySeconds(this.#config);
+    const until = notBefore ?? (hop ? this.#clock.now() + delaySeconds * 1000 : undefined);
+    const wrapped = this.#wrappers.encode(
+      {
+        ...head,
+        ...(until !== undefined && hop ? { notBefore: until } : {}),
+        // Whom this copy succeeds, for a predecessor kept while it was not known stored.
+        origin: `${messageKey(lane.topic, message)}:${message.deliveryCount}`,
+      },
+      body,
+    );
+    const sending = this.#service.send(
+      lane.topic,
+      wrapped,
+      Math.min(delaySeconds, maxDelaySeconds(this.#config)),
+      republishKey({
+        consumer: lane.consumer.name,
+        topic: lane.topic,
+        deploymentId: this.#config.deploymentId,
+        createdAt: message.createdAt.getTime(),
+        messageId: message.messageId,
+        deliveryCount: message.deliveryCount,
+        body: message.payload,
+      }),
+    );
+    // No answer in time is no answer: the copy is not known stored (throws,
+    // and every caller keeps the original).
+    const { stored } = await withinMs(
+      sending,
+      this.#config.republishTimeoutMs,
+      () => new Error(`the service did not answer a republish within ${this.#config.republishTimeoutMs} ms`),
+    );
+    return stored ? "stored" : "accepted";
+  }
+}
