@@ -42,6 +42,28 @@ describe.each(["push", "poll"] as const)("a 202 on a republishing path (%s)", (m
     expect(h.fake.drops).toEqual([]);
   });
 
+  test("a hop whose every republish is answered 202 and never stored, at its last permitted delivery: the dead letter holds the job, the service drops nothing", async () => {
+    const h = await open(mode, {
+      maxDeliveries: 7,
+      fake: {
+        faults: {
+          send: ({ idempotencyKey }) =>
+            idempotencyKey?.startsWith("softcrum-deferral:") ? { status: 202, store: false } : undefined,
+        },
+      },
+    });
+    const consumer = bind(pointsConsumer());
+    h.subscribe(consumer);
+    const dueAt = new Date(h.fake.clock.now() + 10 * 86_400_000);
+    await h.queue.schedule(consumer.queue, award(), dueAt);
+    await h.settle(30 * 86_400_000);
+    expect(h.fake.drops).toEqual([]);
+    expect(await effectRows(consumer.name)).toHaveLength(0);
+    const rows = await letters(consumer.name);
+    expect(rows.map((r) => r.errorClass)).toEqual(["exhausted"]);
+    expect(rows[0]?.lastError).toContain(`scheduled for ${dueAt.toISOString()}`);
+  });
+
   test("a rescue at the last permitted delivery answered 202 and never stored: the dead letter is written now, nothing is lost", async () => {
     const h = await open(mode, { maxDeliveries: 7 });
     const consumer = bind(pointsConsumer());

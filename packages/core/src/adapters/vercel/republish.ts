@@ -10,7 +10,8 @@
  * other (its first delivery marks the hold of the original, holds.ts).
  * - hop (a message that came due before its time): stored → ack; not
  *   known stored → the original waits on its lease for the rest (a
- *   recorded hold), or is left to the service if it would expire first;
+ *   recorded hold), or, if the service would drop it first (its cap or its
+ *   expiry), the dead letter now;
  * - deferral (a wait that spends no attempt) or a retry past the lease,
  *   the cap or the expiry: stored → ack ("deferred"); 202 → the original
  *   waits on its lease a minute past the copy's delay; an error or no
@@ -128,55 +129,6 @@ export class Republisher {
     // It was kept for a successor that has arrived since: the job lives on in that copy.
     if (kept?.succeeded) return { action: { kind: "ack" } };
 
-    // A hop: came due before its time (a wait longer than one message holds).
-    if (wrapper?.notBefore !== undefined && wrapper.notBefore > now + 1_000) {
-      const remaining = Math.ceil((wrapper.notBefore - now) / 1000);
-      try {
-        const stored = await this.#republish(lane, message, carried, body, remaining, wrapper.notBefore);
-        if (stored === "stored") return { action: { kind: "ack" } };
-        // 202: the next hop is not known to be stored, so this one is kept:
-        // it waits on its lease and hops again (a copy stored after all is a
-        // duplicate the fence absorbs).
-        const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
-        this.#incidents.report({
-          kind: "republish_unconfirmed",
-          queue: consumer.queue,
-          consumer: consumer.name,
-          messageId: message.messageId,
-          message: `the service accepted the next hop of a message due in ${remaining} s without storing it yet (202); ${fitsBefore(seconds) ? `the message is kept and hops again in ${seconds} s` : "the message is left to the service"}`,
-          alert: false,
-        });
-        return {
-          action: await keep(
-            this.#ctx,
-            lane,
-            message,
-            key,
-            fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" },
-          ),
-        };
-      } catch (error) {
-        const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
-        this.#incidents.report({
-          kind: "republish_failed",
-          queue: consumer.queue,
-          consumer: consumer.name,
-          messageId: message.messageId,
-          message: `could not republish a message due in ${remaining} s (${describeError(error)}); ${fitsBefore(seconds) ? `it waits ${seconds} s on its lease` : "it is left to the service"}`,
-          alert: false,
-        });
-        return {
-          action: await keep(
-            this.#ctx,
-            lane,
-            message,
-            key,
-            fitsBefore(seconds) ? { kind: "visibility", seconds } : { kind: "none" },
-          ),
-        };
-      }
-    }
-
     const deliveryCount = attemptsBefore + Math.max(1, message.deliveryCount - (kept?.holds ?? 0));
     const delivery: Delivery = {
       body,
@@ -187,6 +139,47 @@ export class Republisher {
       ...(deferrals > 0 ? { deferrals } : {}),
       ...(replay ? { replay: true } : {}),
     };
+
+    // A hop: came due before its time (a wait longer than one message holds).
+    if (wrapper?.notBefore !== undefined && wrapper.notBefore > now + 1_000) {
+      const notBefore = wrapper.notBefore;
+      const remaining = Math.ceil((notBefore - now) / 1000);
+      let answer: "stored" | "accepted" | { readonly error: unknown };
+      try {
+        answer = await this.#republish(lane, message, carried, body, remaining, notBefore);
+      } catch (error) {
+        answer = { error };
+      }
+      if (answer === "stored") return { action: { kind: "ack" } };
+      // The next hop is not known stored (a 202, an error, no answer): this
+      // one is kept — it waits on its lease and hops again (a copy stored
+      // after all is a successor; the fence absorbs its run) — or, when the
+      // service would drop it first, the dead letter holds the job now.
+      const seconds = Math.min(remaining, VERCEL_MAX_VISIBILITY_SECONDS);
+      const kind = answer === "accepted" ? "republish_unconfirmed" : "republish_failed";
+      const what =
+        answer === "accepted"
+          ? `the service accepted the next hop of a message due in ${remaining} s without storing it yet (202)`
+          : `could not republish a message due in ${remaining} s (${describeError(answer.error)})`;
+      const keepIt = fitsBefore(seconds);
+      this.#incidents.report({
+        kind,
+        queue: consumer.queue,
+        consumer: consumer.name,
+        messageId: message.messageId,
+        message: `${what}; ${keepIt ? `the message is kept and hops again in ${seconds} s` : "the service would drop it first: dead-lettered now"}`,
+        alert: false,
+      });
+      if (keepIt) return { action: await keep(this.#ctx, lane, message, key, { kind: "visibility", seconds }) };
+      return {
+        action: await this.#deadLetterNow(lane, message, delivery, {
+          errorClass: last ? "exhausted" : "expired",
+          attempts: attemptsBefore,
+          error: `scheduled for ${new Date(notBefore).toISOString()}: ${what}, and the service would drop this message ${last ? `after its last permitted delivery (${lane.maxDeliveries})` : `at its expiry (${new Date(expiresAt).toISOString()})`}; dead-lettered rather than risk losing the job — replay it at or after its time`,
+        }),
+      };
+    }
+
     const event = { queue: consumer.queue, consumer: consumer.name, messageId: message.messageId, deliveryCount };
 
     // A body this transport could not wrap could never be deferred or
