@@ -237,34 +237,8 @@ describe("replays have their own lane (#10 item 3)", () => {
 });
 
 describe.each(["push", "poll"] as const)("Vercel Queues (%s): the replay lane (#10 items 2, 3)", (mode) => {
-  test("a replay the service answers 202 is not recorded as replayed: the letter stays pending; a copy stored after all finds it and does not run (#19)", async () => {
-    const h = await vercelHarness(mode);
-    try {
-      h.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger }));
-      const envelope = award("vercel-202", 4);
-      const id = uuidv7();
-      await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
-        values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
-      const viaVercel = createOps({ db: pg.db, queue: h.queue, routes: [{ queue: QUEUE, consumer: CONSUMER }] });
-      h.fake.failNextSends({ status: 202 });
-      const first = await viaVercel.deadLetters.replay([id], { operator: "ana", reason: "x" });
-      expect(first.counts).toEqual({ failed: 1 });
-      expect(await statusOf(id)).toBe("pending_review");
-      await h.settle();
-      expect(await effectsOf(envelope.job_id)).toBe(0);
-      expect(await statusOf(id)).toBe("pending_review");
-      // Replayed again, confirmed this time: the job runs once.
-      expect((await viaVercel.deadLetters.replay([id], { operator: "ana", reason: "x" })).counts).toEqual({
-        replayed: 1,
-      });
-      await h.settle();
-      expect(await effectsOf(envelope.job_id)).toBe(1);
-    } finally {
-      await h.close();
-    }
-  });
-
   test.each([
+    ["202, stored later", { status: 202 }],
     ["202, never stored", { status: 202, store: false }],
     ["429 with Retry-After", { status: 429, retryAfter: 30 }],
     ["500", { status: 500 }],

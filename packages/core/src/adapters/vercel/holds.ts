@@ -40,16 +40,26 @@ export async function keep(
   try {
     await holds.record(key, message.deliveryCount);
   } catch (error) {
-    ctx.incidents.report({
-      kind: "hold_unrecorded",
-      queue: lane.consumer.queue,
-      consumer: lane.consumer.name,
-      messageId: message.messageId,
-      message: `delivery ${message.deliveryCount} was kept without spending an attempt, but the hold could not be recorded (${describeError(error)}): its next delivery counts as one`,
-      alert: false,
-    });
+    unrecorded(
+      ctx,
+      lane,
+      message,
+      `delivery ${message.deliveryCount} was kept without spending an attempt, but the hold could not be recorded (${describeError(error)}): its next delivery counts as one`,
+    );
   }
   return action;
+}
+
+/** A hold that could not be recorded or read: the incident that says which delivery now counts as an attempt. */
+function unrecorded(ctx: DeliveryContext, lane: Lane, message: QueueMessage, text: string): void {
+  ctx.incidents.report({
+    kind: "hold_unrecorded",
+    queue: lane.consumer.queue,
+    consumer: lane.consumer.name,
+    messageId: message.messageId,
+    message: text,
+    alert: false,
+  });
 }
 
 /** The holds of earlier deliveries of this message; none known when they cannot be read (an incident). */
@@ -64,14 +74,12 @@ export async function keptBefore(
   try {
     return await holds.before(key, message.deliveryCount);
   } catch (error) {
-    ctx.incidents.report({
-      kind: "hold_unrecorded",
-      queue: lane.consumer.queue,
-      consumer: lane.consumer.name,
-      messageId: message.messageId,
-      message: `the holds of message ${message.messageId} could not be read (${describeError(error)}): delivery ${message.deliveryCount} counts every earlier one as an attempt`,
-      alert: false,
-    });
+    unrecorded(
+      ctx,
+      lane,
+      message,
+      `the holds of message ${message.messageId} could not be read (${describeError(error)}): delivery ${message.deliveryCount} counts every earlier one as an attempt`,
+    );
     return undefined;
   }
 }
