@@ -383,6 +383,26 @@ describe.each(matrix)("on %s", (c) => {
         expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
       });
 
+      test("a backend terminated while Drizzle's own db.transaction() holds a client of the harness's pool (the dead-letter decision, the outbox relay) fails that transaction and the process lives on", async () => {
+        const db = c.db(2);
+        const bound = bindConsumer(
+          consumer(async () => {}),
+          { db, logger: silentLogger },
+        );
+        await expect(
+          db.transaction(async (tx) => {
+            const [own] = rowsOf<{ pid: number }>(await tx.execute(sql`select pg_backend_pid() as pid`));
+            await c.rows("select pg_terminate_backend($1)", [own?.pid]);
+            // The socket closes while the client is out, idle in its transaction.
+            await sleep(300);
+            await tx.execute(sql`select 1`);
+          }),
+        ).rejects.toThrow();
+        // The pool goes on with a fresh client.
+        const e = job(17);
+        expect(await bound.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({ outcome: "success" });
+      });
+
       test("the dead-letter decision is bounded on the server: a probe that waits on a fence key held elsewhere gives up, and the delivery is not acknowledged", async () => {
         const { definition, counter } = counting({ timeoutMs: 300 });
         const e = job(16);

@@ -34,6 +34,29 @@ interface PoolClient extends PgQuerier {
 }
 interface PgPool extends PgQuerier {
   connect(): Promise<PoolClient>;
+  on?(event: "acquire", listener: (client: PoolClient) => void): unknown;
+}
+
+const guardedPools = new WeakSet<object>();
+const guardedClients = new WeakSet<object>();
+const ignore = () => {};
+
+/**
+ * Every client the pool hands out keeps an 'error' listener. The engine
+ * listens on its own connections, but Drizzle's `db.transaction()` — the
+ * dead-letter decision, the outbox relay — checks a client out with none,
+ * and pg emits the error of a backend that went away on the client itself:
+ * unheard, it ends the process. Heard, the query in flight fails as usual,
+ * and pg-pool removes the broken client when it is released.
+ */
+function guardCheckouts(pool: PgPool): void {
+  if (guardedPools.has(pool) || typeof pool.on !== "function") return;
+  guardedPools.add(pool);
+  pool.on("acquire", (client) => {
+    if (guardedClients.has(client)) return;
+    guardedClients.add(client);
+    client.on("error", ignore);
+  });
 }
 
 export function nodePostgresDriver(db: unknown): Driver | undefined {
@@ -47,6 +70,7 @@ export function nodePostgresDriver(db: unknown): Driver | undefined {
       "the harness needs a pg.Pool (drizzle({ client: new pg.Pool(…) })): a single pg.Client is one session, and concurrent jobs would share its transaction",
     );
   }
+  guardCheckouts(pool);
   return {
     name: "node-postgres",
     provesByStatus: false,
