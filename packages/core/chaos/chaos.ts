@@ -1,32 +1,36 @@
 // `pnpm chaos` (issue #12 item 1): the money rule under everything going
 // wrong at once, on this machine. A throwaway Postgres cluster of its own
 // (restarted once mid-run), the fake Vercel Queues server behind a hostile
-// broker (dropped acks, early redeliveries), 3-4 worker processes polling it
+// broker (dropped acks, early redeliveries, sends answered 202 — stored later
+// or never — or 5xx), 3-4 worker processes polling it
 // through the real @vercel/queue SDK (SIGKILLed at random and restarted, their
 // backends terminated, a low idle_in_transaction_session_timeout for a while),
 // handlers that fail, hang and rate-limit, a producer that publishes
 // duplicates, poison, scheduled jobs and colliding ordering keys, and an
 // operator bulk-replaying the exhausted letters while traffic flows. At the
-// end, in SQL: every job has exactly one effect or exactly one pending letter.
+// end, in SQL: every job has exactly one effect or exactly one pending letter;
+// and from the workers' own records: no handler was given an attempt number
+// above the runs of its job's handler so far (plus the deliveries the run's
+// own faults cost it).
 //
 //   pnpm chaos [--seed N] [--long] [--jobs N] [--workers 3|4]
 //
 // The seed is printed first; the last line is the JSON summary. Exits 1 when
-// anything was lost, doubled or fenced without its effect, or a worker died
-// other than by the killer.
+// anything was lost, doubled or fenced without its effect, an attempt number
+// ran ahead of the handler's runs, or a worker died other than by the killer.
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { appendFileSync, rmSync, writeFileSync } from "node:fs";
+import { appendFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "@softcrum/testing";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
-import { createVercelQueue, toVercelTopic } from "../src/adapters/vercel/index.ts";
+import { createVercelQueue, toVercelReplayTopic, toVercelTopic } from "../src/adapters/vercel/index.ts";
 import { migrateCore } from "../src/db/migrate.ts";
-import { createEnvelope, type Envelope } from "../src/index.ts";
+import { createEnvelope, type Envelope, type PublishReceipt } from "../src/index.ts";
 import { createOps } from "../src/ops/index.ts";
 import { type FakeVercelQueues, startFakeVercelQueues } from "../test/fake-vercel-queues.ts";
 import {
@@ -37,8 +41,9 @@ import {
   CHAOS_TIMEOUT_MS,
   type ChaosData,
   type ChaosWorkerConfig,
+  type DeliveryRecord,
 } from "./consumer.ts";
-import { type HostileBroker, startHostileBroker } from "./hostile-broker.ts";
+import { type BrokerEvent, type HostileBroker, jobIdIn, startHostileBroker } from "./hostile-broker.ts";
 import { type Random, seeded } from "./random.ts";
 
 const { values: args } = parseArgs({
@@ -102,6 +107,8 @@ interface Slot {
   child: ChildProcess | undefined;
   /** The killer sent SIGKILL to this child. */
   killedByUs: boolean;
+  /** The delivery records of the current generation (`ChaosWorkerConfig.runLog`). */
+  runLog: string;
 }
 
 const counters = {
@@ -111,10 +118,16 @@ const counters = {
   unexpectedExits: [] as string[],
   replayed: 0,
   outcomes: {} as Record<string, number>,
+  /** Producer publishes answered 202 (not known stored), published again. */
+  publishedAgain: 0,
 };
 
 /** The workers' stderr: kept when the run fails, removed when it passes. */
 const logFile = join(tmpdir(), `softcrum-chaos-${seed}-${process.pid}.log`);
+/** The workers' delivery records, one file per worker process: kept when the run fails, removed when it passes. */
+const runDir = join(tmpdir(), `softcrum-chaos-${seed}-${process.pid}-runs`);
+/** When the killer (or the stop's last resort) SIGKILLed the worker writing each record file. */
+const killedAt = new Map<string, number>();
 let pg: ThrowawayPostgres | undefined;
 let fake: FakeVercelQueues | undefined;
 let broker: HostileBroker | undefined;
@@ -133,6 +146,7 @@ async function main(): Promise<number> {
   });
   const cluster = pg;
   writeFileSync(logFile, "");
+  mkdirSync(runDir, { recursive: true });
   log(`Postgres on port ${cluster.port} (${cluster.dir})`);
   await withClient(cluster.url, (sql) => sql.unsafe(CHAOS_TABLES_SQL));
 
@@ -141,14 +155,17 @@ async function main(): Promise<number> {
     upstream: fake.url,
     token: fake.clientOptions().token,
     random: seeded(seed ^ 0x5bd1e995),
+    replayTopics: [toVercelReplayTopic(CHAOS_QUEUE, CHAOS_CONSUMER)],
   });
   broker = broker_;
+  log(`broker rates ${JSON.stringify(broker_.stats.rates)}`);
   const fakeServer = fake;
   // The fake's clock only moves when told: it follows the wall clock, SPEED times faster.
   const fakeStart = fakeServer.clock.now();
   clockTicker = setInterval(() => fakeServer.clock.advanceTo(fakeStart + (Date.now() - started) * SPEED), 10);
   const topic = toVercelTopic(CHAOS_QUEUE);
   const group = toVercelTopic(CHAOS_CONSUMER);
+  const replayTopic = toVercelReplayTopic(CHAOS_QUEUE, CHAOS_CONSUMER);
 
   // Workers.
   const workerScript = fileURLToPath(new URL("./worker.ts", import.meta.url));
@@ -156,17 +173,21 @@ async function main(): Promise<number> {
   const startWorker = (slot: Slot) => {
     slot.generation += 1;
     slot.killedByUs = false;
+    const client = `${slot.index}.${slot.generation}`;
+    slot.runLog = join(runDir, `worker-${client}.jsonl`);
     const config: ChaosWorkerConfig = {
       index: slot.index,
       workerSeed: (seed * 31 + slot.index * 7919 + slot.generation * 104_729) >>> 0,
       databaseUrl: cluster.url,
-      brokerUrl: broker_.url,
+      // Named in its path: the broker records which worker received each lease.
+      brokerUrl: `${broker_.url}/w/${client}`,
       token: fakeServer.clientOptions().token,
       visibilityTimeoutSeconds: LEASE_SECONDS,
       concurrency: CONCURRENCY,
       timeoutMs: CHAOS_TIMEOUT_MS,
       // The last slot runs on node-postgres: both drivers of the engine under the same faults.
       driver: slot.index === WORKERS - 1 && WORKERS > 1 ? "node-postgres" : "postgres.js",
+      runLog: slot.runLog,
     };
     const child = spawn(process.execPath, ["--import", "tsx", workerScript, JSON.stringify(config)], {
       cwd: coreDir,
@@ -199,14 +220,16 @@ async function main(): Promise<number> {
     });
   };
   for (let index = 0; index < WORKERS; index++) {
-    const slot: Slot = { index, generation: 0, child: undefined, killedByUs: false };
+    const slot: Slot = { index, generation: 0, child: undefined, killedByUs: false, runLog: "" };
     slots.push(slot);
     startWorker(slot);
   }
 
-  // The producer publishes through the adapter straight to the fake server.
+  // The producer publishes through the adapter and the hostile broker: some
+  // of its publishes are answered 202 (stored later, or never) or 5xx.
   const producer = createVercelQueue({
     ...fakeServer.clientOptions(),
+    resolveBaseUrl: () => new URL(broker_.url),
     clock: fakeServer.clock,
     env: {},
     logger: { warn: () => {}, error: () => {} },
@@ -248,6 +271,7 @@ async function main(): Promise<number> {
       if (live.length > 0) {
         const slot = killerRandom.pick(live);
         slot.killedByUs = true;
+        killedAt.set(slot.runLog, Date.now());
         slot.child?.kill("SIGKILL");
         counters.workerKills += 1;
       }
@@ -342,10 +366,22 @@ async function main(): Promise<number> {
   let operatorRounds = 0;
   const operator = (async () => {
     await sleep(PRODUCE_MS * 0.5);
+    let failedRounds = 0;
     while (!operatorStop) {
       if ((await exhaustedLetters().catch(() => 0)) > 0) {
         operatorRounds += 1;
-        await operatorPass(`round ${operatorRounds}${produced ? " (backlog draining)" : " (mid-run)"}`, 0);
+        try {
+          await operatorPass(`round ${operatorRounds}${produced ? " (backlog draining)" : " (mid-run)"}`, 0);
+          failedRounds = 0;
+        } catch (error) {
+          // The run's own Postgres faults (its restart, the 120 ms idle-in-
+          // transaction timeout) may end a round's connection; a replay the
+          // broker answers 202 or 5xx pauses its batch, so rounds are many.
+          // An operator runs the command again; five failures in a row fail the run.
+          failedRounds += 1;
+          if (failedRounds >= 5) throw error;
+          log(`operator round ${operatorRounds} failed (${String(error)}); the next round tries again`);
+        }
       }
       await sleep(2_000);
     }
@@ -381,10 +417,10 @@ async function main(): Promise<number> {
     const scheduled = random.chance(0.03);
     const runAt = new Date(fakeServer.clock.now() + random.int(5, 60) * 1000);
     const delayMs = random.int(0, 20_000);
-    const first = retried(() =>
+    const first = stored(() =>
       scheduled ? producer.schedule(CHAOS_QUEUE, envelope, runAt) : producer.publish(CHAOS_QUEUE, envelope),
     );
-    const second = copies === 2 ? retried(() => producer.publish(CHAOS_QUEUE, envelope, { delayMs })) : null;
+    const second = copies === 2 ? stored(() => producer.publish(CHAOS_QUEUE, envelope, { delayMs })) : null;
     await Promise.all([first, second]);
   };
   let n = 0;
@@ -406,7 +442,8 @@ async function main(): Promise<number> {
   let quietSince: number | undefined;
   let drained = false;
   while (Date.now() - drainStart < DRAIN_TIMEOUT_MS) {
-    const pending = fakeServer.pending(topic, group);
+    // A send answered 202 and stored later may still be on its way.
+    const pending = fakeServer.pending(topic, group) + fakeServer.pending(replayTopic, group) + broker_.pendingSends();
     if (pending === 0) {
       quietSince ??= Date.now();
       if (Date.now() - quietSince >= 2_000) {
@@ -454,7 +491,10 @@ async function main(): Promise<number> {
               )
               .catch(() => {});
           }, 5_000);
-          const timer = setTimeout(() => child.kill("SIGKILL"), 15_000);
+          const timer = setTimeout(() => {
+            killedAt.set(slot.runLog, Date.now());
+            child.kill("SIGKILL");
+          }, 15_000);
           child.once("exit", () => {
             clearTimeout(timer);
             clearTimeout(dump);
@@ -470,14 +510,22 @@ async function main(): Promise<number> {
   // The money rule, in SQL.
   const verdict = await withClient(cluster.url, (sql) => check(sql, sent));
   for (const jobId of verdict.lostJobs.slice(0, 3)) log(`FORENSICS ${forensics(jobId, fakeServer, broker_)}`);
+  // Attempts never above handler runs, from the workers' records.
+  const attempts = checkAttempts(fakeServer, broker_.events);
+  log(
+    `handler runs ${attempts.runs} of ${attempts.jobs} jobs; deliveries the run's faults cost (credited) ${JSON.stringify(attempts.credits)}; attempt numbers above the runs: ${attempts.overRuns} runs of ${attempts.overJobs} jobs`,
+  );
+  for (const jobId of attempts.overJobIds.slice(0, 3))
+    log(`FORENSICS attempts ${attempts.timeline(jobId)} ${forensics(jobId, fakeServer, broker_)}`);
   if (process.env["CHAOS_DEBUG"]) {
     const sample = [...sent.jobs].find(([, job]) => job.fate === "exhaust")?.[0];
     if (sample) log(`DEBUG an exhaust job: ${forensics(sample, fakeServer, broker_)}`);
   }
   log(
-    `outcomes ${JSON.stringify(counters.outcomes)}; broker ${JSON.stringify(broker_.stats)}; replayed ${counters.replayed}`,
+    `outcomes ${JSON.stringify(counters.outcomes)}; broker ${JSON.stringify(broker_.stats)}; replayed ${counters.replayed}; producer publishes answered 202 and published again ${counters.publishedAgain}`,
   );
   for (const line of verdict.problems.slice(0, 20)) log(`PROBLEM ${line}`);
+  for (const line of attempts.problems.slice(0, 20)) log(`PROBLEM ${line}`);
   for (const line of counters.unexpectedExits) log(`PROBLEM ${line}`);
   const summary = {
     jobs: sent.jobs.size + sent.garbage.size,
@@ -486,6 +534,7 @@ async function main(): Promise<number> {
     lost: verdict.lost,
     doubled: verdict.doubled,
     orphan_fences: verdict.orphanFences,
+    attempts_over_runs: attempts.overJobs,
     worker_kills: counters.workerKills,
     backend_kills: counters.backendKills,
     pg_restarts: counters.pgRestarts,
@@ -495,12 +544,17 @@ async function main(): Promise<number> {
     summary.lost === 0 &&
     summary.doubled === 0 &&
     summary.orphan_fences === 0 &&
+    summary.attempts_over_runs === 0 &&
     counters.unexpectedExits.length === 0 &&
     verdict.problems.length === 0 &&
     drained &&
     failedAgents === 0;
   if (!ok) log(`FAILED: replay with pnpm chaos --seed ${seed}${long ? " --long" : ""}; worker logs in ${logFile}`);
-  if (ok) rmSync(logFile, { force: true });
+  if (!ok) log(`the workers' delivery records are in ${runDir}`);
+  if (ok) {
+    rmSync(logFile, { force: true });
+    rmSync(runDir, { recursive: true, force: true });
+  }
   console.log(JSON.stringify(summary));
   return ok ? 0 : 1;
 }
@@ -533,8 +587,205 @@ function forensics(jobId: string, fake: FakeVercelQueues, broker: HostileBroker)
       deliveries: fake.deliveryCount(s.topic, group, s.messageId),
     })),
     leaseCalls: fake.leaseCalls.filter((c) => ids.has(c.messageId)),
-    broker: broker.events.filter((e) => e.messageId !== undefined && ids.has(e.messageId)),
+    broker: broker.events.filter(
+      (e) => (e.messageId !== undefined && ids.has(e.messageId)) || (e.jobId !== undefined && e.jobId === jobId),
+    ),
   });
+}
+
+interface AttemptsVerdict {
+  /** Handler runs recorded, and the jobs they ran. */
+  runs: number;
+  jobs: number;
+  /** Deliveries the run's own faults cost without a handler run, by cause. */
+  credits: Record<string, number>;
+  /** Handler runs given an attempt number above the runs so far (plus credits), and their jobs. */
+  overRuns: number;
+  overJobs: number;
+  overJobIds: string[];
+  problems: string[];
+  /** A job's records, for the forensics of a failed run. */
+  timeline(jobId: string): string;
+}
+
+/**
+ * Attempts never above handler runs: a handler given attempt N means N - 1
+ * earlier attempts of its job were spent, and each of those must have been a
+ * run of the handler (counted by the workers as it starts, before the work:
+ * a run the killer ended half-way still counts) — or a delivery the run's
+ * own faults cost without a run, credited once each from the moment it
+ * happened:
+ * - `killed`: a lease a worker received, and the killer SIGKILLed it before
+ *   the handler ran for it and before the adapter settled it (still in the
+ *   adapter, in the harness before the handler started, or answered by the
+ *   harness without a run — e.g. deferred — but not yet republished, held or
+ *   acknowledged): the service counts that lease;
+ * - `early-redelivery`: a lease the broker ended at once (another worker may
+ *   receive the message, counted, before the first one's handler starts);
+ * - `ack-dropped`: an acknowledgement the broker swallowed (the message comes
+ *   back, counted, e.g. after a deferral that spent no attempt);
+ * - `directive-failed`: a delivery that ran no handler, whose acknowledgement
+ *   or visibility change failed (the adapter's delivery event says
+ *   `applied: false`): it comes back when its lease ends, counted;
+ * - `hold-unrecorded`: the adapter kept a delivery on its lease without
+ *   spending an attempt but could not record (or read) that hold — the run's
+ *   Postgres faults — and reported the incident it documents: that next
+ *   delivery counts as an attempt.
+ * A send answered 202 or 5xx earns no credit: a deferral whose copy is not
+ * known stored keeps its original leased as a recorded hold, and that
+ * original must not come back as a spent attempt (a retry that spent its
+ * attempt comes back as the next one, which its run already counts).
+ */
+function checkAttempts(fake: FakeVercelQueues, events: readonly BrokerEvent[]): AttemptsVerdict {
+  type Item = { t: number; run: true; a: number; where: string } | { t: number; run: false; why: string };
+  const byJob = new Map<string, Item[]>();
+  const add = (jobId: string, item: Item) => {
+    const items = byJob.get(jobId) ?? [];
+    items.push(item);
+    byJob.set(jobId, items);
+  };
+  const credits: Record<string, number> = {};
+  const credit = (jobId: string | undefined, t: number, why: string) => {
+    if (jobId === undefined) return;
+    credits[why] = (credits[why] ?? 0) + 1;
+    add(jobId, { t, run: false, why });
+  };
+  // The message of a lease names its job (the fake stored it), and the
+  // broker names the worker that received it (`/w/<index>.<generation>`).
+  const jobOf = new Map<string, string>();
+  for (const send of fake.sends) {
+    const jobId = send.messageId === "" ? undefined : jobIdIn(send.body);
+    if (jobId !== undefined) jobOf.set(send.messageId, jobId);
+  }
+  const leasesOf = new Map<string, Map<string, number>>(); // record file → message id → leases received
+  for (const e of events) {
+    if (e.type !== "received" || e.client === undefined || e.messageId === undefined) continue;
+    const path = join(runDir, `worker-${e.client}.jsonl`);
+    const leases = leasesOf.get(path) ?? new Map<string, number>();
+    leases.set(e.messageId, (leases.get(e.messageId) ?? 0) + 1);
+    leasesOf.set(path, leases);
+  }
+  let runs = 0;
+  const files = new Set([...readdirSync(runDir).map((file) => join(runDir, file)), ...leasesOf.keys()]);
+  for (const path of files) {
+    const file = basename(path);
+    /** The deliveries handed to the harness here, until the adapter settled them (its delivery event). */
+    const deliveries = new Map<number, { job: string; msg: string; ran: boolean; settled: boolean }>();
+    const unsettled = new Map<string, number[]>(); // message id → its deliveries not settled yet, oldest first
+    /** Deliveries of each message this worker handed to the harness. */
+    const handed = new Map<string, number>();
+    const text = existsSync(path) ? readFileSync(path, "utf8") : "";
+    for (const line of text.split("\n")) {
+      if (line === "") continue;
+      let rec: DeliveryRecord;
+      try {
+        rec = JSON.parse(line) as DeliveryRecord;
+      } catch {
+        continue; // a line cut short: only the last, and only if the write itself was
+      }
+      if (rec.e === "recv") {
+        deliveries.set(rec.d, { job: rec.job, msg: rec.msg, ran: false, settled: false });
+        unsettled.set(rec.msg, [...(unsettled.get(rec.msg) ?? []), rec.d]);
+        handed.set(rec.msg, (handed.get(rec.msg) ?? 0) + 1);
+      } else if (rec.e === "settled") {
+        const d = unsettled.get(rec.msg)?.shift();
+        const delivery = d !== undefined ? deliveries.get(d) : undefined;
+        if (delivery === undefined) continue;
+        delivery.settled = true;
+        // Its acknowledgement or visibility change failed: it comes back, counted.
+        if (!rec.applied && !delivery.ran) credit(delivery.job, rec.t, "directive-failed");
+      } else if (rec.e === "incident") {
+        if (rec.kind === "hold_unrecorded")
+          credit(rec.job ?? (rec.msg !== undefined ? jobOf.get(rec.msg) : undefined), rec.t, "hold-unrecorded");
+      } else if (rec.e === "run") {
+        runs += 1;
+        add(rec.job, { t: rec.t, run: true, a: rec.a, where: `${file}#${rec.d ?? "?"}` });
+        // The delivery it ran for: its number, or the last one of the job not settled here.
+        const delivery =
+          rec.d !== undefined
+            ? deliveries.get(rec.d)
+            : [...deliveries.values()].reverse().find((o) => o.job === rec.job && !o.settled && !o.ran);
+        if (delivery) delivery.ran = true;
+      }
+    }
+    const killed = killedAt.get(path);
+    if (killed === undefined) continue;
+    // Handed to the harness, and neither its handler started nor the
+    // adapter's answer to the service made (a deferral's republish, its hold,
+    // the acknowledgement) when the killer came.
+    for (const delivery of deliveries.values()) {
+      if (!delivery.ran && !delivery.settled) credit(delivery.job, killed, "killed");
+    }
+    // Received, and never handed to the harness.
+    for (const [messageId, leases] of leasesOf.get(path) ?? []) {
+      for (let i = handed.get(messageId) ?? 0; i < leases; i++) credit(jobOf.get(messageId), killed, "killed");
+    }
+  }
+  for (const e of events) {
+    const jobId = e.messageId !== undefined ? jobOf.get(e.messageId) : undefined;
+    if (e.type === "early-redelivery" || e.type === "ack-dropped") credit(jobId, e.at, e.type);
+  }
+  const problems: string[] = [];
+  const overJobIds: string[] = [];
+  let overRuns = 0;
+  let jobs = 0;
+  for (const [jobId, items] of byJob) {
+    // A credit at the same millisecond as a run came first.
+    items.sort((x, y) => x.t - y.t || Number(x.run) - Number(y.run));
+    let seen = 0;
+    let credited = 0;
+    let over = 0;
+    let ran = false;
+    for (const item of items) {
+      if (!item.run) {
+        credited += 1;
+        continue;
+      }
+      ran = true;
+      seen += 1;
+      if (item.a > seen + credited) {
+        over += 1;
+        if (over === 1)
+          problems.push(
+            `attempt over runs: job ${jobId} was given attempt ${item.a} at its handler run ${seen} (${item.where}), with ${credited} deliveries credited to the run's faults`,
+          );
+      }
+    }
+    if (ran) jobs += 1;
+    if (over > 0) {
+      overRuns += over;
+      overJobIds.push(jobId);
+    }
+  }
+  return {
+    runs,
+    jobs,
+    credits,
+    overRuns,
+    overJobs: overJobIds.length,
+    overJobIds,
+    problems,
+    timeline: (jobId) => {
+      const lines: unknown[] = [];
+      for (const file of readdirSync(runDir)) {
+        const path = join(runDir, file);
+        const text = readFileSync(path, "utf8");
+        if (!text.includes(jobId)) continue;
+        const recs = text
+          .split("\n")
+          .filter((l) => l !== "")
+          .map((l) => JSON.parse(l) as DeliveryRecord);
+        const ds = new Set(recs.flatMap((r) => ((r.e === "recv" || r.e === "run") && r.job === jobId ? [r.d] : [])));
+        const msgs = new Set(recs.flatMap((r) => (r.e === "recv" && r.job === jobId ? [r.msg] : [])));
+        for (const r of recs) {
+          const mine = r.e === "incident" ? r.job === jobId : r.e === "settled" ? msgs.has(r.msg) : ds.has(r.d);
+          if (mine) lines.push({ file, ...r });
+        }
+        if (killedAt.has(path)) lines.push({ file, killedAt: killedAt.get(path) });
+      }
+      return JSON.stringify({ jobId, records: lines, credits: byJob.get(jobId)?.filter((i) => !i.run) });
+    },
+  };
 }
 
 /**
@@ -642,6 +893,21 @@ async function retried<T>(publish: () => Promise<T>): Promise<T> {
       if (attempt >= 5) throw error;
       await sleep(50 * attempt);
     }
+  }
+}
+
+/**
+ * A publish the service answered 202 ("accepted for deferred processing", no
+ * id: `stored: false`) is not known stored — it may be stored later, or
+ * never — so the producer publishes the same envelope again until a send is
+ * stored (the library's contract: the fence absorbs a copy stored after all).
+ */
+async function stored(publish: () => Promise<PublishReceipt>): Promise<void> {
+  for (let tries = 1; ; tries++) {
+    const receipt = await retried(publish);
+    if (receipt.stored) return;
+    counters.publishedAgain += 1;
+    if (tries >= 10) throw new Error(`a publish was answered 202 ${tries} times in a row`);
   }
 }
 

@@ -40,7 +40,10 @@ export interface ChaosWorkerConfig {
   /** The run's seed mixed with the worker's index and generation: its faults. */
   readonly workerSeed: number;
   readonly databaseUrl: string;
-  /** The hostile broker in front of the fake Vercel Queues server. */
+  /**
+   * The hostile broker in front of the fake Vercel Queues server, with
+   * `/w/<index>.<generation>` after it: the broker knows who received each lease.
+   */
   readonly brokerUrl: string;
   readonly token: string;
   readonly visibilityTimeoutSeconds: number;
@@ -48,7 +51,50 @@ export interface ChaosWorkerConfig {
   readonly timeoutMs: number;
   /** The database driver of this worker: the engine's contract must hold on each (#18). @default "postgres.js" */
   readonly driver?: "postgres.js" | "node-postgres";
+  /**
+   * The file this worker process (this generation of its slot) appends its
+   * delivery records to, one JSON line each (`DeliveryRecord`), written
+   * synchronously before the work they announce: a SIGKILL does not erase
+   * a handler run that began.
+   */
+  readonly runLog: string;
 }
+
+/**
+ * What a worker records of each delivery of a job (`d`: the delivery's
+ * number in this process; `t`: epoch ms): `recv` when the adapter hands it to
+ * the harness, `run` when the handler starts (with the attempt number the
+ * harness gave it, `ctx.attempt`), `end` when the harness has answered,
+ * `settled` when the adapter has answered the service for it (its delivery
+ * event: the action, and whether it applied); and `incident`, each incident the Vercel adapter reported (its kind, message
+ * and that message's job when this process handed it to the harness).
+ */
+export type DeliveryRecord =
+  | {
+      readonly e: "recv";
+      readonly d: number;
+      readonly t: number;
+      readonly job: string;
+      /** The message's id, and the attempt number the adapter handed the harness. */
+      readonly msg: string;
+      readonly n: number;
+    }
+  | { readonly e: "run"; readonly d: number | undefined; readonly t: number; readonly job: string; readonly a: number }
+  | { readonly e: "end"; readonly d: number; readonly t: number; readonly o: string }
+  | {
+      readonly e: "settled";
+      readonly t: number;
+      readonly msg: string;
+      readonly action: string;
+      readonly applied: boolean;
+    }
+  | {
+      readonly e: "incident";
+      readonly t: number;
+      readonly kind: string;
+      readonly msg: string | undefined;
+      readonly job: string | undefined;
+    };
 
 /** The tables the chaos handler writes: effects with no unique key (a double effect shows), balances, and the operator's repairs. */
 export const CHAOS_TABLES_SQL = `

@@ -5,6 +5,11 @@
 // Vercel Queues server behind the run's hostile broker. Its handler writes
 // the job's effect through `tx` and then meets faults drawn from the run's seed. It prints `STATS <json>` (outcome counts) every
 // second, and exits 0 on SIGTERM once its deliveries in flight have ended.
+// It appends each delivery's receipt, handler start (with `ctx.attempt`) and
+// end to `config.runLog` as they happen, for the run's "attempts never above
+// handler runs" check.
+import { AsyncLocalStorage } from "node:async_hooks";
+import { appendFileSync } from "node:fs";
 import { sql } from "drizzle-orm";
 import { drizzle as drizzleNodePg } from "drizzle-orm/node-postgres";
 import { drizzle } from "drizzle-orm/postgres-js";
@@ -19,7 +24,13 @@ import {
   RateLimitedError,
 } from "../src/index.ts";
 import { TEST_QUEUE_SECRET } from "../test/fake-vercel-queues.ts";
-import { CHAOS_CONSUMER, type ChaosData, type ChaosWorkerConfig, chaosConsumer } from "./consumer.ts";
+import {
+  CHAOS_CONSUMER,
+  type ChaosData,
+  type ChaosWorkerConfig,
+  chaosConsumer,
+  type DeliveryRecord,
+} from "./consumer.ts";
 import { seeded } from "./random.ts";
 
 const config = JSON.parse(process.argv[2] ?? "{}") as ChaosWorkerConfig;
@@ -89,7 +100,21 @@ function jobIdOf(body: unknown): string | undefined {
   }
 }
 
+/**
+ * Appended synchronously (one write each), before the work it announces: once
+ * the call returns the line is the kernel's, and a SIGKILL of this process
+ * does not take it back.
+ */
+const logDelivery = (line: DeliveryRecord) => appendFileSync(config.runLog, `${JSON.stringify(line)}\n`);
+/** The delivery a handler runs for (its number in this process), through the harness's async calls. */
+const deliveryOf = new AsyncLocalStorage<number>();
+let deliveries = 0;
+/** The job of each message this process handed to the harness, for its incidents. */
+const jobOfMessage = new Map<string, string>();
+
 const consumer = chaosConsumer(async (data, ctx) => {
+  // Counted as it starts: a run the killer ends half-way was still a run.
+  logDelivery({ e: "run", d: deliveryOf.getStore(), t: Date.now(), job: ctx.envelope.job_id, a: ctx.attempt });
   const stage = stageOf.get(ctx.envelope.job_id);
   if (stage) stage.stage = "handler";
   try {
@@ -146,10 +171,19 @@ const inFlight = new Map<
   { messageId: string | undefined; count: number; since: number; stage: string; outcome?: string }
 >();
 const stageOf = new Map<string, { stage: string }>();
+// Everything the harness offers a transport, but its deliveries go through
+// the worker's bookkeeping: the dead letter written now (a copy the service
+// would drop), the bounds, the transport holds (a delivery kept on its lease
+// without spending an attempt), the alerts' flush.
 const bound: BoundConsumer = {
   name: harness.name,
   queue: harness.queue,
   ...(harness.timeoutMs !== undefined ? { timeoutMs: harness.timeoutMs } : {}),
+  ...(harness.deliveryBoundMs !== undefined ? { deliveryBoundMs: harness.deliveryBoundMs } : {}),
+  ...(harness.maxAttempts !== undefined ? { maxAttempts: harness.maxAttempts } : {}),
+  ...(harness.holds !== undefined ? { holds: harness.holds } : {}),
+  ...(harness.deadLetterNow ? { deadLetterNow: harness.deadLetterNow.bind(harness) } : {}),
+  ...(harness.flushAlerts ? { flushAlerts: harness.flushAlerts.bind(harness) } : {}),
   async deliver(delivery) {
     const key = {};
     const record = {
@@ -161,11 +195,26 @@ const bound: BoundConsumer = {
     inFlight.set(key, record);
     const jobId = jobIdOf(delivery.body);
     if (jobId) stageOf.set(jobId, record);
+    const d = ++deliveries;
+    if (jobId && delivery.messageId !== undefined) jobOfMessage.set(delivery.messageId, jobId);
+    if (jobId)
+      logDelivery({
+        e: "recv",
+        d,
+        t: Date.now(),
+        job: jobId,
+        msg: delivery.messageId ?? "",
+        n: delivery.deliveryCount,
+      });
+    let outcome = "thrown";
     try {
-      return await harness.deliver(delivery);
+      const result = await deliveryOf.run(d, () => harness.deliver(delivery));
+      outcome = result.outcome;
+      return result;
     } finally {
       inFlight.delete(key);
       if (jobId && stageOf.get(jobId) === record) stageOf.delete(jobId);
+      if (jobId) logDelivery({ e: "end", d, t: Date.now(), o: outcome });
     }
   },
 };
@@ -178,11 +227,31 @@ const queue = createVercelQueue({
   wrapperSecret: TEST_QUEUE_SECRET,
   env: {},
   logger: { warn: () => {}, error: () => {} },
+  // Recorded with the deliveries: a hold the adapter could not record makes
+  // the message's next delivery count as an attempt, as it documents.
+  onIncident: (incident) =>
+    logDelivery({
+      e: "incident",
+      t: Date.now(),
+      kind: incident.kind,
+      msg: incident.messageId,
+      job: incident.messageId !== undefined ? jobOfMessage.get(incident.messageId) : undefined,
+    }),
 });
 const outcomes: Record<string, number> = {};
 queue.onDelivery((event: VercelDeliveryEvent) => {
   const key = event.result.outcome;
   outcomes[key] = (outcomes[key] ?? 0) + 1;
+  // The adapter has answered the service for this delivery (republished,
+  // held, acknowledged or moved its lease): a kill from now on costs it nothing.
+  if (jobOfMessage.has(event.messageId))
+    logDelivery({
+      e: "settled",
+      t: Date.now(),
+      msg: event.messageId,
+      action: event.action,
+      applied: event.applied !== false,
+    });
 });
 const worker = queue.startWorker(bound, { concurrency: config.concurrency, idleDelayMs: 100, errorDelayMs: 200 });
 const report = () => process.stdout.write(`STATS ${JSON.stringify(outcomes)}\n`);
