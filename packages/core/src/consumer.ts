@@ -16,6 +16,8 @@ import {
 import { ENVELOPE_FIELD_MAX, type Envelope, isJobId, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { deliveryBoundMs, FENCE_TTL_CLOCK_ALLOWANCE_MS, fenceTtlMarginMs, type HarnessDeps } from "./harness-deps.ts";
+import { type Admission, RateGate } from "./limits/gate.ts";
+import { checkLimits, type RateLimit } from "./limits/limits.ts";
 import { LruMap } from "./lru-map.ts";
 import { boundedText, payloadSha256, type ReceivedPayload } from "./payload.ts";
 import { checkPayload } from "./poison-check.ts";
@@ -95,6 +97,14 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    * committed. @default DEFAULT_DEFERRAL_HORIZON_MS (12 h)
    */
   readonly deferralHorizonMs?: number;
+  /**
+   * Rate limits (`provider(name, { rate, per })`, `perTenant({ rate, per })`):
+   * a token from each is taken before the work transaction opens; without
+   * one the delivery waits (`rate_limited`, no attempt spent, never a dead
+   * letter), and a provider's 429 from the handler makes that provider's
+   * bucket wait in every process. Needs `HarnessDeps.rateLimiter`. @default none
+   */
+  readonly limits?: readonly RateLimit[];
 }
 
 export interface Consumer<TSchema extends z.ZodType = z.ZodType> extends ConsumerDefinition<TSchema> {
@@ -145,8 +155,10 @@ export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDe
       `${owner}: deferralHorizonMs must be a number of milliseconds from 1000 to 2592000000 (30 days)`,
     );
   }
+  const limits = checkLimits(definition.limits, owner);
   return Object.freeze({
     ...definition,
+    ...(limits.length > 0 ? { limits } : {}),
     timeoutMs,
     deferralHorizonMs,
     kinds: new Set(kindList),
@@ -231,6 +243,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   /** The consumer's `deferralHorizonMs`; the default for a consumer object made without it (not by defineConsumer). */
   readonly #deferralHorizonMs: number;
   readonly #outboxRelay: { wake(): void } | undefined;
+  /** The consumer's rate limits, taken before the work transaction; none without `limits`. */
+  readonly #gate: RateGate | undefined;
   /** A copy older than this since it was due is not run (HarnessDeps.fenceTtlMs less fenceTtlMarginMs). */
   readonly #runnableForMs: number | undefined;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
@@ -256,6 +270,16 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.#now = deps.now ?? Date.now;
     this.#deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
     this.#outboxRelay = deps.outboxRelay;
+    const limits = consumer.limits ?? [];
+    if (limits.length > 0 && deps.rateLimiter === undefined) {
+      throw new InvalidConfigError(
+        `consumer "${consumer.name}": it declares rate limits, so bindConsumer needs a rateLimiter (upstashRateLimiter across processes, inProcessRateLimiter in one)`,
+      );
+    }
+    this.#gate =
+      limits.length > 0 && deps.rateLimiter
+        ? new RateGate(consumer.name, limits, deps.rateLimiter, consumer.timeoutMs, this.#random)
+        : undefined;
     const alertFlushTimeoutMs = deps.alertFlushTimeoutMs ?? DEFAULT_ALERT_FLUSH_TIMEOUT_MS;
     if (!(Number.isFinite(alertFlushTimeoutMs) && alertFlushTimeoutMs > 0)) {
       throw new InvalidConfigError(
@@ -353,6 +377,12 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       }
     }
 
+    // Rate limits: a token from each bucket before any connection, lock or fence is taken.
+    if (this.#gate) {
+      const admitted = await this.#gate.admit(envelope.tenant_id, delivery.deferrals ?? 0);
+      if (!admitted.ok) return this.#notAdmitted(admitted, delivery);
+    }
+
     // 2. Fence + work in one transaction.
     const started = performance.now();
     let ran: Awaited<ReturnType<RunInWorkTransaction>>;
@@ -409,6 +439,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
           this.#deferralHorizonMs,
         );
         this.#metrics.handlerDuration(duration, this.#attributes("rate_limited"));
+        // Every process slows down at once, instead of each finding out by its own 429.
+        await this.#gate?.providerSaidWait(retryAfterMs);
         return this.#finish("rate_limited", {
           outcome: "rate_limited",
           ack: false,
@@ -500,6 +532,36 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
    * stays exhausted): this bounds how late such a copy can still run the
    * handler — after the fence another copy committed may have been cleaned up.
    */
+  /**
+   * A delivery its limits did not admit: no token → `rate_limited` until the
+   * bucket has one (never past the deferral horizon); a limiter that could
+   * not answer → `deferred`, as a database that could not (never a
+   * pass-through). Neither spends an attempt; the handler never started.
+   */
+  #notAdmitted(admitted: Exclude<Admission, { ok: true }>, delivery: Delivery): DeliveryResult {
+    if (admitted.limited) {
+      return this.#finish("rate_limited", {
+        outcome: "rate_limited",
+        ack: false,
+        retryAfterMs: Math.min(admitted.retryAfterMs, this.#deferralHorizonMs),
+        spendsAttempt: false,
+        error: admitted.error,
+      });
+    }
+    const retryAfterMs = deferralDelayMs(
+      delivery.deferrals ?? 0,
+      { baseMs: NOT_STARTED_BASE_MS, capMs: NOT_STARTED_CAP_MS },
+      this.#random,
+    );
+    return this.#finish("deferred", {
+      outcome: "deferred",
+      ack: false,
+      retryAfterMs,
+      spendsAttempt: false,
+      error: admitted.error,
+    });
+  }
+
   #beyondDeferralHorizon(delivery: Delivery, envelope: Envelope, waitMs: number): string | undefined {
     const dueAt = dueAtOf(delivery, envelope);
     const horizon = this.#deferralHorizonMs;

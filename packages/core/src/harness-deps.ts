@@ -7,6 +7,7 @@
 import type { Consumer } from "./consumer.ts";
 import type { AnyPgDatabase } from "./db/types.ts";
 import { runBoundMs } from "./db/work-transaction.ts";
+import type { RateLimiter } from "./limits/port.ts";
 import type { AlertPort } from "./ports/alerts.ts";
 import type { Logger } from "./ports/logger.ts";
 import type { MetricsPort } from "./ports/metrics.ts";
@@ -15,6 +16,12 @@ import type { MetricsPort } from "./ports/metrics.ts";
 export interface HarnessDeps {
   /** Drizzle database (postgres.js in production, PGlite for the embedded demo). */
   readonly db: AnyPgDatabase;
+  /**
+   * Where a consumer's `limits` take their tokens: `upstashRateLimiter`
+   * (`@softcrum/core/limits/upstash`) across processes, `inProcessRateLimiter`
+   * in one. Required when the consumer declares limits. @default none
+   */
+  readonly rateLimiter?: RateLimiter;
   /** @default no alerts */
   readonly alerts?: AlertPort;
   /** @default no metrics */

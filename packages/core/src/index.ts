@@ -72,6 +72,8 @@ export {
   ReplayNotRoutableError,
   SoftcrumError,
 } from "./errors.ts";
+export type { Admission, RateLimit, RateLimiter, RateLimitSpec, TakeResult, TokenBucket } from "./limits/index.ts";
+export { inProcessRateLimiter, perTenant, provider } from "./limits/index.ts";
 export type { Outbox, OutboxPublishOptions, OutboxReceipt } from "./outbox/writer.ts";
 export { outboxIn } from "./outbox/writer.ts";
 export type { AlertPort, DeadLetterAlert } from "./ports/alerts.ts";
