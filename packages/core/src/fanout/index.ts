@@ -1,0 +1,4 @@
+/** Per-tenant fan-out of recurring work (#20 item 3, SPEC §7). */
+export { type FanOutOptions, type FanOutReport, fanOut, type TenantSource } from "./fan-out.ts";
+export { fanOutJobId } from "./job-id.ts";
+export { TIERS, type Tier, tiersDue } from "./tiers.ts";
