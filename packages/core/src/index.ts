@@ -74,6 +74,7 @@ export {
 } from "./errors.ts";
 export type { FanOutOptions, FanOutReport, TenantSource, Tier } from "./fanout/index.ts";
 export { fanOut, fanOutJobId, TIERS, tiersDue } from "./fanout/index.ts";
+export { LANES, type Lane, laneQueue, parseLaneQueue } from "./lanes/index.ts";
 export type { Admission, RateLimit, RateLimiter, RateLimitSpec, TakeResult, TokenBucket } from "./limits/index.ts";
 export { inProcessRateLimiter, perTenant, provider } from "./limits/index.ts";
 export type { Outbox, OutboxPublishOptions, OutboxReceipt } from "./outbox/writer.ts";
