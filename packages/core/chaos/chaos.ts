@@ -20,9 +20,9 @@
 // ran ahead of the handler's runs, or a worker died other than by the killer.
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { appendFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { appendFileSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { basename, join } from "node:path";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "@softcrum/testing";
@@ -33,6 +33,7 @@ import { migrateCore } from "../src/db/migrate.ts";
 import { createEnvelope, type Envelope, type PublishReceipt } from "../src/index.ts";
 import { createOps } from "../src/ops/index.ts";
 import { type FakeVercelQueues, startFakeVercelQueues } from "../test/fake-vercel-queues.ts";
+import { checkAttempts } from "./attempts.ts";
 import {
   CHAOS_CONSUMER,
   CHAOS_KIND,
@@ -41,10 +42,10 @@ import {
   CHAOS_TIMEOUT_MS,
   type ChaosData,
   type ChaosWorkerConfig,
-  type DeliveryRecord,
 } from "./consumer.ts";
-import { type BrokerEvent, type HostileBroker, jobIdIn, startHostileBroker } from "./hostile-broker.ts";
+import { type HostileBroker, startHostileBroker } from "./hostile-broker.ts";
 import { type Random, seeded } from "./random.ts";
+import { check, type Sent } from "./verdict.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -95,11 +96,6 @@ console.log(
 );
 
 /** What the producer sent, to be checked against the database at the end. */
-interface Sent {
-  readonly jobs: Map<string, { fate: ChaosData["fate"] | "poison"; copies: number }>;
-  /** Payloads sent without a job_id a consumer could read (another stack's garbage): their SHA-256. */
-  readonly garbage: Set<string>;
-}
 
 interface Slot {
   readonly index: number;
@@ -511,7 +507,7 @@ async function main(): Promise<number> {
   const verdict = await withClient(cluster.url, (sql) => check(sql, sent));
   for (const jobId of verdict.lostJobs.slice(0, 3)) log(`FORENSICS ${forensics(jobId, fakeServer, broker_)}`);
   // Attempts never above handler runs, from the workers' records.
-  const attempts = checkAttempts(fakeServer, broker_.events);
+  const attempts = checkAttempts(fakeServer, broker_.events, runDir, killedAt);
   log(
     `handler runs ${attempts.runs} of ${attempts.jobs} jobs; deliveries the run's faults cost (credited) ${JSON.stringify(attempts.credits)}; attempt numbers above the runs: ${attempts.overRuns} runs of ${attempts.overJobs} jobs`,
   );
@@ -559,17 +555,6 @@ async function main(): Promise<number> {
   return ok ? 0 : 1;
 }
 
-interface Verdict {
-  effects: number;
-  /** Letters pending review at the end. */
-  deadLetters: number;
-  lost: number;
-  doubled: number;
-  orphanFences: number;
-  problems: string[];
-  lostJobs: string[];
-}
-
 /** What the fake server and the broker saw of a job's messages. */
 function forensics(jobId: string, fake: FakeVercelQueues, broker: HostileBroker): string {
   const sends = fake.sends.filter((s) => s.body.includes(jobId));
@@ -593,298 +578,6 @@ function forensics(jobId: string, fake: FakeVercelQueues, broker: HostileBroker)
   });
 }
 
-interface AttemptsVerdict {
-  /** Handler runs recorded, and the jobs they ran. */
-  runs: number;
-  jobs: number;
-  /** Deliveries the run's own faults cost without a handler run, by cause. */
-  credits: Record<string, number>;
-  /** Handler runs given an attempt number above the runs so far (plus credits), and their jobs. */
-  overRuns: number;
-  overJobs: number;
-  overJobIds: string[];
-  problems: string[];
-  /** A job's records, for the forensics of a failed run. */
-  timeline(jobId: string): string;
-}
-
-/**
- * Attempts never above handler runs: a handler given attempt N means N - 1
- * earlier attempts of its job were spent, and each of those must have been a
- * run of the handler (counted by the workers as it starts, before the work:
- * a run the killer ended half-way still counts) — or a delivery the run's
- * own faults cost without a run, credited once each from the moment it
- * happened:
- * - `killed`: a lease a worker received, and the killer SIGKILLed it before
- *   the handler ran for it and before the adapter settled it (still in the
- *   adapter, in the harness before the handler started, or answered by the
- *   harness without a run — e.g. deferred — but not yet republished, held or
- *   acknowledged): the service counts that lease;
- * - `early-redelivery`: a lease the broker ended at once (another worker may
- *   receive the message, counted, before the first one's handler starts);
- * - `ack-dropped`: an acknowledgement the broker swallowed (the message comes
- *   back, counted, e.g. after a deferral that spent no attempt);
- * - `directive-failed`: a delivery that ran no handler, whose acknowledgement
- *   or visibility change failed (the adapter's delivery event says
- *   `applied: false`): it comes back when its lease ends, counted;
- * - `hold-unrecorded`: the adapter kept a delivery on its lease without
- *   spending an attempt but could not record (or read) that hold — the run's
- *   Postgres faults — and reported the incident it documents: that next
- *   delivery counts as an attempt.
- * A send answered 202 or 5xx earns no credit: a deferral whose copy is not
- * known stored keeps its original leased as a recorded hold, and that
- * original must not come back as a spent attempt (a retry that spent its
- * attempt comes back as the next one, which its run already counts).
- */
-function checkAttempts(fake: FakeVercelQueues, events: readonly BrokerEvent[]): AttemptsVerdict {
-  type Item = { t: number; run: true; a: number; where: string } | { t: number; run: false; why: string };
-  const byJob = new Map<string, Item[]>();
-  const add = (jobId: string, item: Item) => {
-    const items = byJob.get(jobId) ?? [];
-    items.push(item);
-    byJob.set(jobId, items);
-  };
-  const credits: Record<string, number> = {};
-  const credit = (jobId: string | undefined, t: number, why: string) => {
-    if (jobId === undefined) return;
-    credits[why] = (credits[why] ?? 0) + 1;
-    add(jobId, { t, run: false, why });
-  };
-  // The message of a lease names its job (the fake stored it), and the
-  // broker names the worker that received it (`/w/<index>.<generation>`).
-  const jobOf = new Map<string, string>();
-  for (const send of fake.sends) {
-    const jobId = send.messageId === "" ? undefined : jobIdIn(send.body);
-    if (jobId !== undefined) jobOf.set(send.messageId, jobId);
-  }
-  const leasesOf = new Map<string, Map<string, number>>(); // record file → message id → leases received
-  for (const e of events) {
-    if (e.type !== "received" || e.client === undefined || e.messageId === undefined) continue;
-    const path = join(runDir, `worker-${e.client}.jsonl`);
-    const leases = leasesOf.get(path) ?? new Map<string, number>();
-    leases.set(e.messageId, (leases.get(e.messageId) ?? 0) + 1);
-    leasesOf.set(path, leases);
-  }
-  let runs = 0;
-  const files = new Set([...readdirSync(runDir).map((file) => join(runDir, file)), ...leasesOf.keys()]);
-  for (const path of files) {
-    const file = basename(path);
-    /** The deliveries handed to the harness here, until the adapter settled them (its delivery event). */
-    const deliveries = new Map<number, { job: string; msg: string; ran: boolean; settled: boolean }>();
-    const unsettled = new Map<string, number[]>(); // message id → its deliveries not settled yet, oldest first
-    /** Deliveries of each message this worker handed to the harness. */
-    const handed = new Map<string, number>();
-    const text = existsSync(path) ? readFileSync(path, "utf8") : "";
-    for (const line of text.split("\n")) {
-      if (line === "") continue;
-      let rec: DeliveryRecord;
-      try {
-        rec = JSON.parse(line) as DeliveryRecord;
-      } catch {
-        continue; // a line cut short: only the last, and only if the write itself was
-      }
-      if (rec.e === "recv") {
-        deliveries.set(rec.d, { job: rec.job, msg: rec.msg, ran: false, settled: false });
-        unsettled.set(rec.msg, [...(unsettled.get(rec.msg) ?? []), rec.d]);
-        handed.set(rec.msg, (handed.get(rec.msg) ?? 0) + 1);
-      } else if (rec.e === "settled") {
-        const d = unsettled.get(rec.msg)?.shift();
-        const delivery = d !== undefined ? deliveries.get(d) : undefined;
-        if (delivery === undefined) continue;
-        delivery.settled = true;
-        // Its acknowledgement or visibility change failed: it comes back, counted.
-        if (!rec.applied && !delivery.ran) credit(delivery.job, rec.t, "directive-failed");
-      } else if (rec.e === "incident") {
-        if (rec.kind === "hold_unrecorded")
-          credit(rec.job ?? (rec.msg !== undefined ? jobOf.get(rec.msg) : undefined), rec.t, "hold-unrecorded");
-      } else if (rec.e === "run") {
-        runs += 1;
-        add(rec.job, { t: rec.t, run: true, a: rec.a, where: `${file}#${rec.d ?? "?"}` });
-        // The delivery it ran for: its number, or the last one of the job not settled here.
-        const delivery =
-          rec.d !== undefined
-            ? deliveries.get(rec.d)
-            : [...deliveries.values()].reverse().find((o) => o.job === rec.job && !o.settled && !o.ran);
-        if (delivery) delivery.ran = true;
-      }
-    }
-    const killed = killedAt.get(path);
-    if (killed === undefined) continue;
-    // Handed to the harness, and neither its handler started nor the
-    // adapter's answer to the service made (a deferral's republish, its hold,
-    // the acknowledgement) when the killer came.
-    for (const delivery of deliveries.values()) {
-      if (!delivery.ran && !delivery.settled) credit(delivery.job, killed, "killed");
-    }
-    // Received, and never handed to the harness.
-    for (const [messageId, leases] of leasesOf.get(path) ?? []) {
-      for (let i = handed.get(messageId) ?? 0; i < leases; i++) credit(jobOf.get(messageId), killed, "killed");
-    }
-  }
-  for (const e of events) {
-    const jobId = e.messageId !== undefined ? jobOf.get(e.messageId) : undefined;
-    if (e.type === "early-redelivery" || e.type === "ack-dropped") credit(jobId, e.at, e.type);
-  }
-  const problems: string[] = [];
-  const overJobIds: string[] = [];
-  let overRuns = 0;
-  let jobs = 0;
-  for (const [jobId, items] of byJob) {
-    // A credit at the same millisecond as a run came first.
-    items.sort((x, y) => x.t - y.t || Number(x.run) - Number(y.run));
-    let seen = 0;
-    let credited = 0;
-    let over = 0;
-    let ran = false;
-    for (const item of items) {
-      if (!item.run) {
-        credited += 1;
-        continue;
-      }
-      ran = true;
-      seen += 1;
-      if (item.a > seen + credited) {
-        over += 1;
-        if (over === 1)
-          problems.push(
-            `attempt over runs: job ${jobId} was given attempt ${item.a} at its handler run ${seen} (${item.where}), with ${credited} deliveries credited to the run's faults`,
-          );
-      }
-    }
-    if (ran) jobs += 1;
-    if (over > 0) {
-      overRuns += over;
-      overJobIds.push(jobId);
-    }
-  }
-  return {
-    runs,
-    jobs,
-    credits,
-    overRuns,
-    overJobs: overJobIds.length,
-    overJobIds,
-    problems,
-    timeline: (jobId) => {
-      const lines: unknown[] = [];
-      for (const file of readdirSync(runDir)) {
-        const path = join(runDir, file);
-        const text = readFileSync(path, "utf8");
-        if (!text.includes(jobId)) continue;
-        const recs = text
-          .split("\n")
-          .filter((l) => l !== "")
-          .map((l) => JSON.parse(l) as DeliveryRecord);
-        const ds = new Set(recs.flatMap((r) => ((r.e === "recv" || r.e === "run") && r.job === jobId ? [r.d] : [])));
-        const msgs = new Set(recs.flatMap((r) => (r.e === "recv" && r.job === jobId ? [r.msg] : [])));
-        for (const r of recs) {
-          const mine = r.e === "incident" ? r.job === jobId : r.e === "settled" ? msgs.has(r.msg) : ds.has(r.d);
-          if (mine) lines.push({ file, ...r });
-        }
-        if (killedAt.has(path)) lines.push({ file, killedAt: killedAt.get(path) });
-      }
-      return JSON.stringify({ jobId, records: lines, credits: byJob.get(jobId)?.filter((i) => !i.run) });
-    },
-  };
-}
-
-/**
- * Every job: exactly one effect (and its fence), or exactly one
- * pending_review letter (earlier letters of it may be `replayed`) — never
- * both, never neither, never two effects. Garbage payloads: exactly one
- * poison letter each. Every fence has its effect and every effect its fence.
- */
-async function check(sql: postgres.Sql, sent: Sent): Promise<Verdict> {
-  const problems: string[] = [];
-  const ids = [...sent.jobs.keys()];
-  const rows = await sql<{ job_id: string; effects: number; fences: number; pending: number; replayed: number }[]>`
-    with jobs as (select unnest(${ids}::uuid[]) as job_id),
-    e as (select job_id, count(*)::int as n from chaos_effects group by job_id),
-    f as (select job_id, count(*)::int as n from core.processed_jobs where consumer = ${CHAOS_CONSUMER} group by job_id),
-    l as (
-      select job_id, count(*) filter (where status = 'pending_review')::int as pending,
-             count(*) filter (where status = 'replayed')::int as replayed
-      from core.dead_letters where consumer = ${CHAOS_CONSUMER} and job_id is not null group by job_id)
-    select jobs.job_id::text, coalesce(e.n, 0) as effects, coalesce(f.n, 0) as fences,
-           coalesce(l.pending, 0) as pending, coalesce(l.replayed, 0) as replayed
-    from jobs left join e on e.job_id = jobs.job_id left join f on f.job_id = jobs.job_id
-    left join l on l.job_id = jobs.job_id::text`;
-  let lost = 0;
-  let doubled = 0;
-  const lostJobs: string[] = [];
-  for (const row of rows) {
-    const fate = sent.jobs.get(row.job_id)?.fate;
-    const what = `job ${row.job_id} (${fate}): ${row.effects} effects, ${row.fences} fences, ${row.pending} pending letters, ${row.replayed} replayed`;
-    if (row.effects === 0 && row.pending === 0) {
-      lost += 1;
-      lostJobs.push(row.job_id);
-      problems.push(`lost ${what}`);
-    } else if (row.effects > 1 || row.pending > 1 || (row.effects > 0 && row.pending > 0)) {
-      doubled += 1;
-      problems.push(`doubled ${what}`);
-    } else if (fate === "poison" && row.effects > 0) {
-      doubled += 1;
-      problems.push(`poison applied: ${what}`);
-    }
-  }
-  const garbage = [...sent.garbage];
-  const letters = await sql<{ sha: string; n: number }[]>`
-    select payload_sha256 as sha, count(*)::int as n from core.dead_letters
-    where consumer = ${CHAOS_CONSUMER} and job_id is null and status = 'pending_review' and error_class = 'poison'
-    group by payload_sha256`;
-  const bySha = new Map(letters.map((l) => [l.sha, l.n]));
-  for (const sha of garbage) {
-    const found = bySha.get(sha) ?? 0;
-    if (found === 0) {
-      lost += 1;
-      problems.push(`lost garbage payload ${sha}: no poison letter`);
-    } else if (found > 1) {
-      doubled += 1;
-      problems.push(`doubled garbage payload ${sha}: ${found} letters`);
-    }
-  }
-  const [orphans] = await sql<{ fences: number; effects: number; strangers: number }[]>`
-    select
-      (select count(*)::int from core.processed_jobs p where consumer = ${CHAOS_CONSUMER}
-         and not exists (select 1 from chaos_effects e where e.job_id = p.job_id)) as fences,
-      (select count(*)::int from chaos_effects e
-         where not exists (select 1 from core.processed_jobs p where p.job_id = e.job_id and p.consumer = ${CHAOS_CONSUMER})) as effects,
-      (select count(*)::int from chaos_effects e where not (e.job_id = any(${ids}::uuid[]))) as strangers`;
-  const orphanFences = (orphans?.fences ?? 0) + (orphans?.effects ?? 0);
-  if (orphanFences > 0)
-    problems.push(`${orphans?.fences} fences without effect, ${orphans?.effects} effects without fence`);
-  if ((orphans?.strangers ?? 0) > 0) {
-    doubled += orphans?.strangers ?? 0;
-    problems.push(`${orphans?.strangers} effects of jobs nobody sent`);
-  }
-  // The balances were written in the same transactions as the effects.
-  const [sums] = await sql<{ effects: string; balances: string; count: number; pending: number }[]>`
-    select (select coalesce(sum(amount), 0)::text from chaos_effects) as effects,
-           (select coalesce(sum(points), 0)::text from chaos_balances) as balances,
-           (select count(*)::int from chaos_effects) as count,
-           (select count(*)::int from core.dead_letters where status = 'pending_review') as pending`;
-  const classes = await sql<{ error_class: string; status: string; n: number }[]>`
-    select error_class, status, count(*)::int as n from core.dead_letters group by 1, 2 order by 1, 2`;
-  console.log(
-    `chaos: letters ${classes.map((c) => `${c.error_class}/${c.status} ${c.n}`).join(", ")}; total sent ${sent.jobs.size} jobs + ${sent.garbage.size} garbage payloads`,
-  );
-  if (sums?.effects !== sums?.balances) problems.push(`balances ${sums?.balances} != effects ${sums?.effects}`);
-  return {
-    effects: sums?.count ?? 0,
-    deadLetters: sums?.pending ?? 0,
-    lost,
-    doubled,
-    orphanFences,
-    problems,
-    lostJobs,
-  };
-}
-
-/**
- * A producer retries a publish that failed (a keep-alive socket the server
- * closed as it was reused answers ECONNRESET): a retried publish may store the
- * job twice, which is what at-least-once means; the fence makes it harmless.
- */
 async function retried<T>(publish: () => Promise<T>): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
