@@ -4,9 +4,10 @@
  * (`deliveryBoundMs`) that transports check against their visibility timeout,
  * and the fence-TTL margin (`fenceTtlMarginMs`).
  */
-import type { Consumer } from "./consumer.ts";
+
 import type { AnyPgDatabase } from "./db/types.ts";
 import { runBoundMs } from "./db/work-transaction.ts";
+import type { Consumer } from "./definition.ts";
 import type { RateLimiter } from "./limits/port.ts";
 import type { AlertPort } from "./ports/alerts.ts";
 import type { Logger } from "./ports/logger.ts";
