@@ -21,17 +21,10 @@ import { z } from "zod";
 import { createMemoryQueue } from "../src/adapters/memory/index.ts";
 import { migrateCore } from "../src/db/migrate.ts";
 import { bindConsumer, defineConsumer, fanOut, type QueuePort } from "../src/index.ts";
+import { gc, settledRss } from "./memory.ts";
 
 const TENANTS = Number(process.env["FANOUT_TENANTS"] ?? 100_000);
 const IN_FLIGHT = 2_000;
-const gc = (globalThis as { gc?: () => void }).gc;
-async function settledRss(): Promise<number> {
-  for (let i = 0; i < 2; i++) {
-    gc?.();
-    await new Promise((resolve) => setImmediate(resolve));
-  }
-  return process.memoryUsage().rss;
-}
 
 const snapshots = pgTable("fanout_snapshots", {
   jobId: uuid("job_id").notNull(),

@@ -23,21 +23,12 @@ import { z } from "zod";
 import { createMemoryQueue } from "../src/adapters/memory/index.ts";
 import { migrateCore } from "../src/db/migrate.ts";
 import { bindConsumer, createEnvelope, defineConsumer } from "../src/index.ts";
+import { gc, settledRss } from "./memory.ts";
 
 const JOBS = Number(process.env["SOAK_JOBS"] ?? 1_000_000);
 const WAVE = Number(process.env["SOAK_WAVE"] ?? 10_000);
 const WARMUP = Math.min(Number(process.env["SOAK_WARMUP"] ?? 50_000), Math.floor(JOBS / 5));
 const CONCURRENCY = 16;
-
-const gc = (globalThis as { gc?: () => void }).gc;
-/** RSS after a full collection (run twice: the first frees what finalizers release), in bytes. */
-async function settledRss(): Promise<number> {
-  for (let i = 0; i < 2; i++) {
-    gc?.();
-    await new Promise((resolve) => setImmediate(resolve));
-  }
-  return process.memoryUsage().rss;
-}
 
 /** Active resources by type (`process.getActiveResourcesInfo`), e.g. { TCPSocketWrap: 2, Timeout: 1 }. */
 function resources(): Map<string, number> {
