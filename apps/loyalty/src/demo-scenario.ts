@@ -159,6 +159,7 @@ export async function runDemo(options: { databaseUrl?: string | null } = {}): Pr
       duplicate: 0,
       retry: 0,
       rate_limited: 0,
+      yielded: 0,
       deferred: 0,
       dead_lettered: 0,
       poison: 0,

@@ -16,6 +16,7 @@ import {
 import { ENVELOPE_FIELD_MAX, type Envelope, isJobId, jobCreatedAt } from "./envelope.ts";
 import { classifyFailure, describeError, InvalidConfigError } from "./errors.ts";
 import { deliveryBoundMs, FENCE_TTL_CLOCK_ALLOWANCE_MS, fenceTtlMarginMs, type HarnessDeps } from "./harness-deps.ts";
+import { type LaneAdmission, LaneGate } from "./lanes/gate.ts";
 import { type Admission, RateGate } from "./limits/gate.ts";
 import { LruMap } from "./lru-map.ts";
 import { boundedText, payloadSha256, type ReceivedPayload } from "./payload.ts";
@@ -120,6 +121,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   readonly #outboxRelay: { wake(): void } | undefined;
   /** The consumer's rate limits, taken before the work transaction; none without `limits`. */
   readonly #gate: RateGate | undefined;
+  /** The consumer's lane (its queue is `notif.{channel}.{lane}`): a marketing one yields, a transactional one settles. */
+  readonly #lane: LaneGate | undefined;
   /** A copy older than this since it was due is not run (HarnessDeps.fenceTtlMs less fenceTtlMarginMs). */
   readonly #runnableForMs: number | undefined;
   /** Failures of this consumer's jobs whose dead letter could not be written, by job_id. */
@@ -155,6 +158,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       limits.length > 0 && deps.rateLimiter
         ? new RateGate(consumer.name, limits, deps.rateLimiter, consumer.timeoutMs, this.#random)
         : undefined;
+    this.#lane = LaneGate.of(consumer, deps.laneBacklog, this.#random, this.#logger);
     const alertFlushTimeoutMs = deps.alertFlushTimeoutMs ?? DEFAULT_ALERT_FLUSH_TIMEOUT_MS;
     if (!(Number.isFinite(alertFlushTimeoutMs) && alertFlushTimeoutMs > 0)) {
       throw new InvalidConfigError(
@@ -193,16 +197,32 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   ): Promise<DeliveryResult> {
     const decoded = await checkPayload(this.#consumer, delivery.body);
     if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
-    return this.#deadLetterUnlessCommitted({
+    const result = await this.#deadLetterUnlessCommitted({
       errorClass: reason.errorClass,
       attempts: Math.max(0, Math.trunc(reason.attempts)),
       error: reason.error,
       received: decoded.received,
       envelope: decoded.envelope,
     });
+    if (this.#lane !== undefined && result.ack) await this.#lane.settled(decoded.envelope.job_id);
+    return result;
   }
 
-  async deliver(delivery: Delivery): Promise<DeliveryResult> {
+  deliver(delivery: Delivery): Promise<DeliveryResult> {
+    if (this.#lane?.lane !== "transactional") return this.#deliver(delivery);
+    return this.#deliverTransactional(delivery, this.#lane);
+  }
+
+  /** A transactional lane's delivery: a final outcome takes the job out of the channel's backlog. */
+  async #deliverTransactional(delivery: Delivery, lane: LaneGate): Promise<DeliveryResult> {
+    const seen: { jobId?: string } = {};
+    const result = await this.#deliver(delivery, seen);
+    // Acknowledged and not addressed to another consumer: the job is done here, for good.
+    if (result.ack && result.outcome !== "skipped" && seen.jobId !== undefined) await lane.settled(seen.jobId);
+    return result;
+  }
+
+  async #deliver(delivery: Delivery, seen?: { jobId?: string }): Promise<DeliveryResult> {
     const consumer = this.#consumer;
     if (delivery.targetConsumer !== undefined && delivery.targetConsumer !== consumer.name) {
       return this.#finish("skipped", { outcome: "skipped", ack: true });
@@ -211,8 +231,13 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.
     let decoded = checkPayload(this.#consumer, delivery.body);
     if (decoded instanceof Promise) decoded = await decoded;
-    if (!decoded.ok) return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
+    if (!decoded.ok) {
+      // A poison job with a readable job_id leaves the backlog with its letter; one without goes stale.
+      if (seen !== undefined && isJobId(decoded.fields.job_id)) seen.jobId = decoded.fields.job_id;
+      return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
+    }
     const { received, envelope, parsed, lockKey } = decoded;
+    if (seen !== undefined) seen.jobId = envelope.job_id;
 
     const attempt = Number.isInteger(delivery.deliveryCount) && delivery.deliveryCount > 0 ? delivery.deliveryCount : 1;
     const policy = consumer.retryPolicy;
@@ -252,6 +277,11 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       }
     }
 
+    // A marketing lane gives way to its channel's transactional backlog, before it takes any token.
+    if (this.#lane !== undefined) {
+      const admitted = await this.#lane.admit(delivery.deferrals ?? 0);
+      if (!admitted.ok) return this.#yielded(admitted, delivery);
+    }
     // Rate limits: a token from each bucket before any connection, lock or fence is taken.
     if (this.#gate) {
       const admitted = await this.#gate.admit(envelope.tenant_id, delivery.deferrals ?? 0);
@@ -435,6 +465,25 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       spendsAttempt: false,
       error: admitted.error,
     });
+  }
+
+  /**
+   * A marketing delivery that gave way to the transactional backlog
+   * (`yielded`, never past the deferral horizon), or whose backlog could not
+   * be read (`deferred`, as a limiter that could not answer). Neither spends
+   * an attempt.
+   */
+  #yielded(admitted: Exclude<LaneAdmission, { ok: true }>, delivery: Delivery): DeliveryResult {
+    if (admitted.yielded) {
+      return this.#finish("yielded", {
+        outcome: "yielded",
+        ack: false,
+        retryAfterMs: Math.min(admitted.retryAfterMs, this.#deferralHorizonMs),
+        spendsAttempt: false,
+        error: admitted.error,
+      });
+    }
+    return this.#notAdmitted({ ok: false, limited: false, error: admitted.error }, delivery);
   }
 
   #beyondDeferralHorizon(delivery: Delivery, envelope: Envelope, waitMs: number): string | undefined {

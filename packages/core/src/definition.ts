@@ -7,6 +7,7 @@ import type { z } from "zod";
 import type { HandlerContext } from "./context.ts";
 import { ENVELOPE_FIELD_MAX, type Envelope } from "./envelope.ts";
 import { InvalidConfigError } from "./errors.ts";
+import { parseLaneQueue } from "./lanes/names.ts";
 import { checkLimits, type RateLimit } from "./limits/limits.ts";
 import { DEFAULT_DEFERRAL_HORIZON_MS, type RetryPolicy, resolveRetryPolicy } from "./retry.ts";
 
@@ -70,6 +71,13 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    * bucket wait in every process. Needs `HarnessDeps.rateLimiter`. @default none
    */
   readonly limits?: readonly RateLimit[];
+  /**
+   * For a consumer of a marketing lane (`notif.{channel}.marketing`): it
+   * yields — defers, spending no attempt — while its channel's transactional
+   * backlog holds more than this many jobs. Needs `HarnessDeps.laneBacklog`
+   * (every consumer of a lane queue does). @default 0
+   */
+  readonly yieldAbove?: number;
 }
 
 export interface Consumer<TSchema extends z.ZodType = z.ZodType> extends ConsumerDefinition<TSchema> {
@@ -121,6 +129,16 @@ export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDe
     );
   }
   const limits = checkLimits(definition.limits, owner);
+  if (definition.yieldAbove !== undefined) {
+    if (parseLaneQueue(definition.queue)?.lane !== "marketing") {
+      throw new InvalidConfigError(
+        `${owner}: yieldAbove is for consumers of a marketing lane (notif.{channel}.marketing), and queue is ${JSON.stringify(definition.queue)}`,
+      );
+    }
+    if (!(Number.isInteger(definition.yieldAbove) && definition.yieldAbove >= 0)) {
+      throw new InvalidConfigError(`${owner}: yieldAbove must be a whole number of jobs, 0 or more`);
+    }
+  }
   return Object.freeze({
     ...definition,
     ...(limits.length > 0 ? { limits } : {}),

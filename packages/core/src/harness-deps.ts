@@ -8,6 +8,7 @@
 import type { AnyPgDatabase } from "./db/types.ts";
 import { runBoundMs } from "./db/work-transaction.ts";
 import type { Consumer } from "./definition.ts";
+import type { LaneBacklog } from "./lanes/backlog.ts";
 import type { RateLimiter } from "./limits/port.ts";
 import type { AlertPort } from "./ports/alerts.ts";
 import type { Logger } from "./ports/logger.ts";
@@ -23,6 +24,15 @@ export interface HarnessDeps {
    * in one. Required when the consumer declares limits. @default none
    */
   readonly rateLimiter?: RateLimiter;
+  /**
+   * The transactional backlog of the notification lanes (ADR 0011):
+   * `upstashLaneBacklog` (`@softcrum/core/lanes/upstash`) across processes,
+   * `inProcessLaneBacklog` in one. Required for a consumer of a lane queue
+   * (`notif.{channel}.transactional|marketing`): a marketing one yields to
+   * it, a transactional one takes its jobs out of it. Publishers count their
+   * transactional jobs into the same backlog with `countTransactional`. @default none
+   */
+  readonly laneBacklog?: LaneBacklog;
   /** @default no alerts */
   readonly alerts?: AlertPort;
   /** @default no metrics */

@@ -74,7 +74,21 @@ export {
 } from "./errors.ts";
 export type { FanOutOptions, FanOutReport, TenantSource, Tier } from "./fanout/index.ts";
 export { fanOut, fanOutJobId, TIERS, tiersDue } from "./fanout/index.ts";
-export { LANES, type Lane, laneQueue, parseLaneQueue } from "./lanes/index.ts";
+export type {
+  CountTransactionalOptions,
+  InProcessLaneBacklogOptions,
+  LaneBacklog,
+  LaneBacklogEntry,
+} from "./lanes/index.ts";
+export {
+  countTransactional,
+  DEFAULT_LANE_BACKLOG_STALE_AFTER_MS,
+  inProcessLaneBacklog,
+  LANES,
+  type Lane,
+  laneQueue,
+  parseLaneQueue,
+} from "./lanes/index.ts";
 export type { Admission, RateLimit, RateLimiter, RateLimitSpec, TakeResult, TokenBucket } from "./limits/index.ts";
 export { inProcessRateLimiter, perTenant, provider } from "./limits/index.ts";
 export type { Outbox, OutboxPublishOptions, OutboxReceipt } from "./outbox/writer.ts";

@@ -98,8 +98,8 @@ export interface Delivery {
   readonly deliveryCount: number;
   /**
    * How many earlier deliveries of this message for this consumer ended
-   * deferred without spending an attempt (outcomes `rate_limited` and
-   * `deferred`), for a backoff that grows with each deferral. It keeps
+   * deferred without spending an attempt (outcomes `rate_limited`,
+   * `yielded` and `deferred`), for a backoff that grows with each deferral. It keeps
    * counting across spent attempts (it is never reset). 0 or absent on a
    * fresh message.
    */
@@ -130,6 +130,8 @@ export interface Delivery {
  * - `skipped`: the message was addressed to another consumer of the queue;
  * - `retry`: a transient failure, the attempt was spent;
  * - `rate_limited`: a rate limit said wait; the attempt was not spent;
+ * - `yielded`: a marketing lane's consumer gave way to its channel's
+ *   transactional backlog; the attempt was not spent;
  * - `deferred`: the handler never started (database unreachable; BEGIN, the
  *   lock or the fence failed): come back after `retryAfterMs`, the attempt
  *   was not spent;
@@ -147,11 +149,11 @@ export type DeliveryResult =
       readonly errorClass: string;
     }
   | {
-      readonly outcome: "retry" | "rate_limited" | "deferred";
+      readonly outcome: "retry" | "rate_limited" | "yielded" | "deferred";
       readonly ack: false;
       readonly retryAfterMs: number;
       /**
-       * False for `rate_limited` and `deferred`: the next delivery must not
+       * False for `rate_limited`, `yielded` and `deferred`: the next delivery must not
        * count as a new attempt, and its `Delivery.deferrals` is one higher.
        */
       readonly spendsAttempt: boolean;

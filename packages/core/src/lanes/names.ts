@@ -2,8 +2,8 @@
  * Notification lanes (#20 item 2, SPEC §7): one queue per channel per lane,
  * `notif.{channel}.transactional` and `notif.{channel}.marketing`;
  * transactional always has priority. This file names and validates lane
- * queues, so every module spells them one way. (The yield of a marketing
- * consumer to its channel's transactional backlog: still to come, #20.)
+ * queues, so every module spells them one way. The yield of a marketing
+ * consumer to its channel's transactional backlog: gate.ts, backlog.ts.
  */
 import { InvalidConfigError } from "../errors.ts";
 

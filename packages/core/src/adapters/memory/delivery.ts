@@ -149,7 +149,9 @@ export class DeliveryLoop {
       return;
     }
     const now = this.#clock.now();
-    if (result.outcome === "retry" || result.outcome === "rate_limited" || result.outcome === "deferred") {
+    if (result.outcome === "retry" || result.outcome === "rate_limited" ||
+      result.outcome === "yielded" ||
+      result.outcome === "deferred") {
       // A delay the transport cannot honour falls back to the visibility timeout.
       const delay =
         Number.isFinite(result.retryAfterMs) && result.retryAfterMs >= 0
