@@ -72,8 +72,16 @@ export {
   ReplayNotRoutableError,
   SoftcrumError,
 } from "./errors.ts";
-export type { FanOutOptions, FanOutReport, TenantSource, Tier } from "./fanout/index.ts";
-export { fanOut, fanOutJobId, TIERS, tiersDue } from "./fanout/index.ts";
+export type { FanOutOptions, FanOutReport, FanOutTask, TenantSource, Tier } from "./fanout/index.ts";
+export {
+  fanOut,
+  fanOutCronRoute,
+  fanOutJobId,
+  scheduleFanOut,
+  TIERS,
+  tickAt,
+  tiersDue,
+} from "./fanout/index.ts";
 export type {
   CountTransactionalOptions,
   InProcessLaneBacklogOptions,
