@@ -25,10 +25,18 @@ import {
   replayBatches,
   replayBatchItems,
 } from "../db/schema.ts";
+import type { WorkTransaction } from "../db/types.ts";
 import { describeError, OpsError } from "../errors.ts";
 import { sleep } from "../timers.ts";
 import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
-import { type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
+import {
+  type BatchHalt,
+  type DeadLetterOperations,
+  filterConditions,
+  MAX_BATCH_LIFETIME_MS,
+  operatorName,
+  rowsOf,
+} from "./operations.ts";
 import { markAudited } from "./refusals.ts";
 
 export interface BatchPolicy {
@@ -73,20 +81,25 @@ const CATCH_UP_MS = 250;
 /** Replayed items a runner step resolves at most (and `get` looks at live). */
 export const RESOLVE_PAGE = 1000;
 
+/** A batch's bounds (#21 item 1): its rate, its letters (and sample), its life. */
+export const MIN_RATE_PER_SECOND = 0.001;
+export const MAX_RATE_PER_SECOND = 1000;
+export const MAX_BATCH_LETTERS = 100_000;
+
 const createSchema = z.strictObject({
   filter: deadLetterFilterSchema.default({}),
   operator: operatorSchema,
   reason: reasonSchema,
-  /** Replays per second, this batch's own capacity, apart from live traffic. */
-  ratePerSecond: z.coerce.number().positive().max(1000),
+  /** Replays per second, this batch's own capacity, apart from live traffic: from one per 1,000 s to 1,000/s. */
+  ratePerSecond: z.coerce.number().min(MIN_RATE_PER_SECOND).max(MAX_RATE_PER_SECOND),
   /** Letters replayed between two checks of the stop conditions. */
   batchSize: z.coerce.number().int().positive().max(10_000).default(50),
   /** Replay this many first and continue only if none of them fails again. */
-  sampleSize: z.coerce.number().int().positive().optional(),
+  sampleSize: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
   /** Pause when more than this share of resolved replayed jobs failed again. */
   maxFailureRate: z.coerce.number().gt(0).max(1).default(0.2),
   /** At most this many letters (oldest first). */
-  limit: z.coerce.number().int().positive().max(100_000).optional(),
+  limit: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
   /** The batch does not run after this. */
   expiresAt: z.union([z.date(), z.iso.datetime({ offset: true }).transform((t) => new Date(t))]).optional(),
   expiresInMinutes: z.coerce
@@ -152,6 +165,12 @@ export class ReplayBatches {
       const now = this.#now();
       const expiresAt = parsed.expiresAt ?? new Date(now.getTime() + (parsed.expiresInMinutes ?? 24 * 60) * 60_000);
       if (expiresAt <= now) throw new OpsError("INVALID_INPUT", "invalid batch: expiresAt is in the past");
+      if (expiresAt.getTime() > now.getTime() + MAX_BATCH_LIFETIME_MS) {
+        throw new OpsError(
+          "INVALID_INPUT",
+          "invalid batch: expiresAt is more than 30 days ahead (a batch lives at most 30 days)",
+        );
+      }
       if (parsed.filter.status && parsed.filter.status !== "pending_review") {
         throw new OpsError(
           "INVALID_INPUT",
@@ -172,7 +191,7 @@ export class ReplayBatches {
           .from(deadLetters)
           .where(and(eq(deadLetters.status, "pending_review"), ...filterConditions(filter)))
           .orderBy(asc(deadLetters.id))
-          .limit(parsed.limit ?? 100_000);
+          .limit(parsed.limit ?? MAX_BATCH_LETTERS);
         if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
         await tx.insert(replayBatches).values({
           id,
@@ -349,26 +368,44 @@ export class ReplayBatches {
     const clock = this.#ops.clock;
     const startedAt = clock.now();
     let published = 0;
-    if (TERMINAL.includes(first.status)) return this.get(id);
-    if (first.expiresAt.getTime() <= startedAt) return this.#finish(id, "expired", "expired before it finished");
+    // Nothing to run: said, and audited like every refusal (#21 item 6).
+    const nothingToRun = async (detail: string) =>
+      this.#ops
+        .audit({ operator, action: "batch.run", scope: { batchId: id }, result: "rejected", detail })
+        .catch(() => {});
+    if (TERMINAL.includes(first.status)) {
+      await nothingToRun(`batch ${id} is ${first.status}; nothing to run`);
+      return this.get(id);
+    }
+    if (first.expiresAt.getTime() <= startedAt) {
+      await nothingToRun(
+        `batch ${id} expired at ${first.expiresAt.toISOString()} before it finished; it is now expired`,
+      );
+      return this.#finish(id, "expired", "expired before it finished");
+    }
+    /** After this clock time the run claims nothing more (`maxDurationMs`, #21 item 2). */
+    const deadline = options.maxDurationMs !== undefined ? startedAt + Math.max(0, options.maxDurationMs) : null;
 
-    const leased = await this.#db
-      .update(replayBatches)
-      .set({
-        status: "running",
-        leaseOwner: runner,
-        leaseExpiresAt: new Date(startedAt + this.#policy.leaseMs),
-        startedAt: first.startedAt ?? this.#now(),
-        rateWindowStart: first.rateWindowStart ?? this.#now(),
-      })
-      .where(
-        and(
-          eq(replayBatches.id, id),
-          inArray(replayBatches.status, ["ready", "running"]),
-          or(isNull(replayBatches.leaseOwner), lt(replayBatches.leaseExpiresAt, this.#now())),
-        ),
-      )
-      .returning({ id: replayBatches.id });
+    // Taken under the batch's lock: a takeover waits for the claims of the runner it replaces.
+    const leased = await this.#exclusively(id, (tx) =>
+      tx
+        .update(replayBatches)
+        .set({
+          status: "running",
+          leaseOwner: runner,
+          leaseExpiresAt: new Date(startedAt + this.#policy.leaseMs),
+          startedAt: first.startedAt ?? this.#now(),
+          rateWindowStart: first.rateWindowStart ?? this.#now(),
+        })
+        .where(
+          and(
+            eq(replayBatches.id, id),
+            inArray(replayBatches.status, ["ready", "running"]),
+            or(isNull(replayBatches.leaseOwner), lt(replayBatches.leaseExpiresAt, this.#now())),
+          ),
+        )
+        .returning({ id: replayBatches.id }),
+    );
     if (leased.length === 0) {
       const now = await this.#load(id);
       return refuse(
@@ -427,11 +464,11 @@ export class ReplayBatches {
         .returning({ id: replayBatches.id });
       return renewed.length > 0;
     };
-    /** Pauses the batch if this runner still runs it, and audits the pause as an action. */
+    /** Pauses the batch (or returns it to approval) if this runner still runs it, and audits the pause as an action. */
     const pauseIfRunning = async (stopReason: string, cause: string) => {
       const paused = await this.#db
         .update(replayBatches)
-        .set({ status: "paused", stopReason })
+        .set({ status: cause === "needs_approval" ? "awaiting_approval" : "paused", stopReason })
         .where(and(eq(replayBatches.id, id), eq(replayBatches.status, "running"), eq(replayBatches.leaseOwner, runner)))
         .returning({ id: replayBatches.id });
       if (paused.length > 0) {
@@ -460,8 +497,10 @@ export class ReplayBatches {
 
     /** What the latest check of the lease said (the lease was just taken: this runner's). */
     let lastMine = true;
-    /** Why the runner must pause (a failed or unroutable replay, the failure rate), once something said so. */
+    /** Why the runner must pause (a failed or unroutable replay, the failure rate, the two-person rule), once something said so. */
     let stopped: { reason: string; cause: string } | undefined;
+    /** Why a claim was refused by the batch's state, expiry or this run's deadline: the run ends. */
+    let halted: BatchHalt | undefined;
     /**
      * The stop conditions run beside the replays, one check at a time, not
      * between them: their cost (bounded, RESOLVE_PAGE jobs) never stretches
@@ -502,7 +541,14 @@ export class ReplayBatches {
         operator,
         reason: `batch ${id}: ${first.reason}`,
         batchId: id,
+        guard: { runner, deadline },
       });
+      if (result.outcome === "halted" && result.halt) {
+        // The claim's own transaction said no (#21 items 1, 2, 4): the letter stays pending.
+        if (result.halt.cause === "needs_approval") stopped ??= { reason: result.halt.reason, cause: "needs_approval" };
+        else halted ??= result.halt;
+        return;
+      }
       if (result.outcome === "failed" || result.outcome === "not_routable") {
         // The letter stays pending; the operator decides (fix the route or the transport, then resume).
         stopped ??= {
@@ -520,6 +566,11 @@ export class ReplayBatches {
 
     try {
       for (;;) {
+        if (halted && !stopped) {
+          await drain();
+          if (halted.cause === "expired") return this.#finish(id, "expired", halted.reason);
+          return this.get(id);
+        }
         if (stopped) {
           await drain();
           await settleCheck();
@@ -540,7 +591,7 @@ export class ReplayBatches {
           await pauseIfRunning(`interrupted: runner of ${operator} was stopped`, "interrupted");
           return this.get(id);
         }
-        if (options.maxDurationMs !== undefined && clock.now() - startedAt >= options.maxDurationMs) {
+        if (deadline !== null && clock.now() >= deadline) {
           await drain();
           return this.get(id);
         }
@@ -590,11 +641,17 @@ export class ReplayBatches {
           // (its round trip overlaps the interval), and the letter starts
           // only once it said yes: a pause, stop or expiry takes effect at
           // the next letter.
+          // A letter whose turn comes after this run's deadline is the next run's.
+          if (deadline !== null && nextDue >= deadline) {
+            halted ??= { cause: "deadline", reason: "this run's maxDurationMs is over" };
+            break;
+          }
           const mine = stillMine().catch(() => false);
           const wait = nextDue - clock.now();
           if (wait > 0) await sleep(wait, options.signal);
           lastMine = await mine;
-          if (!lastMine || stopped || options.signal?.aborted) break;
+          // The claim itself checks the batch again, after this wait (replayOne's guard).
+          if (!lastMine || stopped || halted || options.signal?.aborted) break;
           nextDue = Math.max(nextDue, clock.now() - CATCH_UP_MS) + intervalMs;
           const running = replay(item.deadLetterId)
             .catch((error: unknown) => {
@@ -608,7 +665,7 @@ export class ReplayBatches {
         // The chunk's replays are recorded before it reports progress (a late
         // one's wait is caught up afterwards: CATCH_UP_MS).
         await drain();
-        if (stopped || !lastMine) continue; // the top of the loop pauses, or sees the batch is no longer ours
+        if (stopped || halted || !lastMine) continue; // the top of the loop pauses, ends, or sees the batch is no longer ours
         await progress();
         checking ??= check(batch.maxFailureRate, inSample).finally(() => {
           checking = undefined;
@@ -753,15 +810,27 @@ export class ReplayBatches {
   ) {
     // Validated before the query: a malformed id is bad input (400, exit 2), never a database error.
     parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
-    const changed = await this.#db
-      .update(replayBatches)
-      .set({ ...set, status: to })
-      .where(and(eq(replayBatches.id, id), inArray(replayBatches.status, from)))
-      .returning({ id: replayBatches.id });
+    // Under the batch's lock: a pause or stop waits for the claims in flight,
+    // and no claim after it can miss it (#21 item 1).
+    const changed = await this.#exclusively(id, (tx) =>
+      tx
+        .update(replayBatches)
+        .set({ ...set, status: to })
+        .where(and(eq(replayBatches.id, id), inArray(replayBatches.status, from)))
+        .returning({ id: replayBatches.id }),
+    );
     if (changed.length === 0) {
       const batch = await this.#load(id);
       throw new OpsError("CONFLICT", `batch ${id} is ${batch.status}; it must be ${from.join(" or ")} to become ${to}`);
     }
+  }
+
+  /** `work` in a transaction holding the batch's control lock exclusively (`lockBatch`). */
+  #exclusively<T>(id: string, work: (tx: WorkTransaction) => Promise<T>): Promise<T> {
+    return this.#db.transaction(async (tx) => {
+      await this.#ops.lockBatch(tx, id, "exclusive");
+      return work(tx);
+    });
   }
 
   async #finish(id: string, status: "completed" | "expired", reason: string | null): Promise<BatchView> {

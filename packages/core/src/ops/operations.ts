@@ -142,6 +142,23 @@ export const MIN_AUDIT_RETENTION_DAYS = 30;
 export const DEFAULT_AUDIT_RETENTION_DAYS = 400;
 
 /** Per id, what an action did. */
+/** What a batch runner's claim is checked against (`replayOne`'s `guard`). */
+export interface BatchClaimGuard {
+  /** The runner that must hold the batch's lease. */
+  readonly runner: string;
+  /** The clock time (ms) after which this run claims nothing (its `maxDurationMs`); null for none. */
+  readonly deadline: number | null;
+}
+
+/** Why a batch's claim was refused: its state, its expiry, the run's deadline, or the two-person rule. */
+export interface BatchHalt {
+  readonly cause: "state" | "expired" | "deadline" | "needs_approval";
+  readonly reason: string;
+}
+
+/** The longest a replay batch may live (`expiresAt`): 30 days. */
+export const MAX_BATCH_LIFETIME_MS = 30 * 86_400_000;
+
 export type ActionOutcome =
   | "discarded"
   | "replayed"
@@ -482,6 +499,8 @@ export class DeadLetterOperations {
         // operator at the same time, neither can pass the threshold by
         // counting before the other's claims commit.
         const { outcome, detail } = await this.replayOne(id, { operator, reason, batchId: null });
+        // Only a batch's claim can be halted (it has a guard); a direct replay never is.
+        if (outcome === "halted") throw new Error(`direct replay of ${id} was halted: ${detail}`);
         results.push({ id, outcome, ...(detail ? { detail } : {}) });
       }
       return summarize(results);
@@ -495,16 +514,34 @@ export class DeadLetterOperations {
    * batch replayed; what one still to run selected). Index scans
    * (dead_letters_direct_replays_idx, replay_batches_requester_idx).
    */
-  async replayedWithoutApproval(operator: string, db: Pick<AnyPgDatabase, "execute"> = this.db): Promise<number> {
+  async replayedWithoutApproval(
+    operator: string,
+    db: Pick<AnyPgDatabase, "execute"> = this.db,
+    count: "published" | "published_and_queued" = "published_and_queued",
+  ): Promise<number> {
     const since = new Date(this.clock.now() - this.approvalWindowMs).toISOString();
+    // Replays count when they happen (#21 item 4), whenever their batch was
+    // made: a batch lives up to MAX_BATCH_LIFETIME, so its letters are looked
+    // for among the batches made that long before the window.
+    const batchesSince = new Date(this.clock.now() - this.approvalWindowMs - MAX_BATCH_LIFETIME_MS).toISOString();
+    const queued =
+      count === "published"
+        ? sql`0`
+        : sql`(select coalesce(sum(greatest(selected - replayed - skipped, 0)), 0)::int
+              from core.replay_batches
+              where requested_by = ${operator} and approved_by is null
+                and status in ('ready', 'running', 'paused'))`;
     const result = await db.execute(sql`
       select (select count(*)::int from core.dead_letters
               where status = 'replayed' and replay_batch_id is null
                 and status_changed_by = ${operator} and status_changed_at >= ${since}::timestamptz)
-           + (select coalesce(sum(case when status in ('completed', 'stopped', 'expired') then replayed else selected end), 0)::int
-              from core.replay_batches
-              where requested_by = ${operator} and created_at >= ${since}::timestamptz
-                and approved_by is null and status <> 'awaiting_approval') as n`);
+           + (select count(*)::int
+              from core.replay_batches b
+              join core.dead_letters d on d.replay_batch_id = b.id and d.status = 'replayed'
+              where b.requested_by = ${operator} and b.approved_by is null
+                and b.created_at >= ${batchesSince}::timestamptz
+                and d.status_changed_at >= ${since}::timestamptz)
+           + ${queued} as n`);
     return rowsOf<{ n: number }>(result)[0]?.n ?? 0;
   }
 
@@ -516,8 +553,69 @@ export class DeadLetterOperations {
    * once. A two-key advisory lock: its key space is apart from the harness's
    * ordering locks (one bigint key).
    */
+  /**
+   * A batch's control lock, until `tx` ends: claims of its letters hold it
+   * shared, changes of its state or runner exclusively (#21 item 1).
+   */
+  async lockBatch(tx: Pick<AnyPgDatabase, "execute">, batchId: string, mode: "shared" | "exclusive"): Promise<void> {
+    await tx.execute(
+      mode === "shared"
+        ? sql`select pg_advisory_xact_lock_shared(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`
+        : sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`,
+    );
+  }
+
   async lockReplayQuota(tx: Pick<AnyPgDatabase, "execute">, operator: string): Promise<void> {
     await tx.execute(sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.replay-quota'), hashtext(${operator}))`);
+  }
+
+  /**
+   * Whether a batch's runner may claim a letter now, asked in the claim's own
+   * transaction, after the wait for the letter's turn (#21 item 1): the batch
+   * is still running, this runner's, unexpired, inside the run's
+   * `maxDurationMs`, and — unapproved — its requester's replays over the
+   * approval window leave room for one more. The claim holds the batch's
+   * lock shared (`lockBatch`) until it commits: a pause, stop or takeover
+   * takes it exclusively, so it waits for the claims in flight and every
+   * later claim sees it. (A row lock would also hold up the lease's
+   * heartbeat for as long as a publish takes.) Undefined: it may.
+   */
+  async #batchMayClaim(
+    tx: Pick<AnyPgDatabase, "execute">,
+    batchId: string,
+    guard: BatchClaimGuard,
+  ): Promise<BatchHalt | undefined> {
+    await this.lockBatch(tx, batchId, "shared");
+    const [batch] = rowsOf<{
+      status: string;
+      lease_owner: string | null;
+      expires_at: string | Date;
+      approved_by: string | null;
+      requested_by: string;
+    }>(
+      await tx.execute(sql`
+        select status, lease_owner, expires_at, approved_by, requested_by
+        from core.replay_batches where id = ${batchId}`),
+    );
+    const now = this.clock.now();
+    if (!batch) return { cause: "state", reason: `batch ${batchId} no longer exists` };
+    if (batch.status !== "running") return { cause: "state", reason: `batch is ${batch.status}` };
+    if (batch.lease_owner !== guard.runner) return { cause: "state", reason: "another runner took the batch over" };
+    if (new Date(batch.expires_at).getTime() <= now) return { cause: "expired", reason: "expired before it finished" };
+    if (guard.deadline !== null && now >= guard.deadline) {
+      return { cause: "deadline", reason: "this run's maxDurationMs is over" };
+    }
+    if (batch.approved_by === null) {
+      await this.lockReplayQuota(tx, batch.requested_by);
+      const recent = await this.replayedWithoutApproval(batch.requested_by, tx, "published");
+      if (recent >= this.approvalThreshold) {
+        return {
+          cause: "needs_approval",
+          reason: `needs approval: ${batch.requested_by} replayed ${recent} letters without a second operator's approval in the last ${formatWindow(this.approvalWindowMs)}, the approval threshold of ${this.approvalThreshold}; another operator must approve the rest of this batch`,
+        };
+      }
+    }
+    return undefined;
   }
 
   /**
@@ -529,8 +627,13 @@ export class DeadLetterOperations {
    */
   async replayOne(
     id: string,
-    input: { operator: string; reason: string; batchId: string | null },
-  ): Promise<{ outcome: ActionOutcome; detail?: string; replayBatchId?: string | null }> {
+    input: { operator: string; reason: string; batchId: string | null; guard?: BatchClaimGuard },
+  ): Promise<{
+    outcome: ActionOutcome | "halted";
+    detail?: string;
+    replayBatchId?: string | null;
+    halt?: BatchHalt;
+  }> {
     const [row] = await this.db
       .select({
         status: deadLetters.status,
@@ -574,6 +677,9 @@ export class DeadLetterOperations {
             await this.lockReplayQuota(tx, input.operator);
             const recent = await this.replayedWithoutApproval(input.operator, tx);
             if (recent >= this.approvalThreshold) return { outcome: "needs_approval" as const, recent };
+          } else if (input.guard !== undefined) {
+            const halt = await this.#batchMayClaim(tx, input.batchId, input.guard);
+            if (halt !== undefined) return { outcome: "halted" as const, halt };
           }
           const [claimed] = await tx
             .update(deadLetters)
@@ -615,6 +721,8 @@ export class DeadLetterOperations {
           return { outcome: "replayed" as const };
         })
         .then(async (result) => {
+          if (result.outcome === "halted")
+            return { outcome: "halted" as const, detail: result.halt.reason, halt: result.halt };
           if (result.outcome === "needs_approval") {
             return {
               outcome: "needs_approval" as const,

@@ -1,0 +1,224 @@
+/**
+ * #21 items 1–6: the controls of a replay batch hold at every instant. A
+ * stop, pause or expiry that lands while the runner waits for a letter's turn
+ * stops that letter; `maxDurationMs` bounds the call, chunk included; rates
+ * and sizes have bounds; the two-person rule counts replays when they
+ * happen; every run request is audited.
+ */
+import { useTestDatabase } from "@softcrum/testing";
+import { eq } from "drizzle-orm";
+import { uuidv7 } from "uuidv7";
+import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
+import { z } from "zod";
+import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
+import { createMemoryQueue, type MemoryQueue } from "../adapters/memory/index.ts";
+import { bindConsumer, defineConsumer } from "../consumer.ts";
+import { deadLetters, opsAudit } from "../db/schema.ts";
+import { createEnvelope } from "../envelope.ts";
+import { isSoftcrumError } from "../errors.ts";
+import { sleep } from "../timers.ts";
+import { createOps, type Ops } from "./index.ts";
+
+const pg = useTestDatabase("batch-controls");
+const QUEUE = "controls.points";
+const CONSUMER = "controls.award";
+const consumer = defineConsumer({
+  name: CONSUMER,
+  queue: QUEUE,
+  kind: "points.award.v1",
+  schema: z.object({ customerId: z.string(), points: z.number() }),
+  async handle(data, { tx, envelope }) {
+    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: CONSUMER, amount: data.points });
+  },
+});
+
+let queue: MemoryQueue;
+let ops: Ops;
+
+beforeAll(async () => {
+  await createEffectsTable(pg.sql);
+});
+beforeEach(async () => {
+  await pg.sql`truncate test_effects, core.processed_jobs, core.dead_letters, core.replay_batches, core.replay_batch_items, core.ops_audit cascade`;
+  queue = createMemoryQueue({ concurrency: 4 });
+  queue.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger }));
+  ops = createOps({ db: pg.db, queue, batchPolicy: { approvalThreshold: 100, pollIntervalMs: 20 } });
+});
+afterEach(async () => {
+  await queue.close();
+});
+
+/** `n` pending letters of the consumer, each a valid job that succeeds when replayed. */
+async function pendingLetters(n: number, tenantId = "acme"): Promise<string[]> {
+  const ids: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const id = uuidv7();
+    const envelope = createEnvelope({
+      tenantId,
+      kind: "points.award.v1",
+      data: { customerId: `c-${i}`, points: 1 },
+    });
+    await pg.sql`insert into core.dead_letters (id, job_id, tenant_id, queue, consumer, payload, attempts, last_error, error_class)
+      values (${id}, ${envelope.job_id}, ${tenantId}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+    ids.push(id);
+  }
+  return ids;
+}
+const replayedCount = async () =>
+  (await pg.sql<{ n: number }[]>`select count(*)::int as n from core.dead_letters where status = 'replayed'`)[0]?.n ??
+  0;
+async function until(condition: () => Promise<boolean>): Promise<void> {
+  for (let i = 0; i < 2_000 && !(await condition()); i++) await sleep(10);
+}
+const refusal = async (work: Promise<unknown>) => {
+  try {
+    await work;
+  } catch (error) {
+    if (isSoftcrumError(error)) return error;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+};
+const audit = () => pg.db.select().from(opsAudit).orderBy(opsAudit.at, opsAudit.id);
+
+describe("a control that lands while the runner waits for the next letter's turn (#21 item 1)", () => {
+  test.each(["stop", "pause"] as const)("%s: no letter is replayed after it returns", async (control) => {
+    await pendingLetters(5);
+    // One letter every 2 s: the control lands in the wait for the second.
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 0.5, batchSize: 5 });
+    const running = ops.batches.run(batch.id, { operator: "ana" });
+    await until(async () => (await replayedCount()) >= 1);
+    const input = { operator: "bo", reason: "wrong selection" };
+    const after =
+      control === "stop" ? await ops.batches.stop(batch.id, input) : await ops.batches.pause(batch.id, input);
+    const atControl = await replayedCount();
+    const view = await running;
+    expect(view.status).toBe(control === "stop" ? "stopped" : "paused");
+    expect(after.status).toBe(view.status);
+    expect(atControl).toBeGreaterThanOrEqual(1);
+    expect(await replayedCount()).toBe(atControl);
+    expect(view.replayed).toBe(atControl);
+  });
+
+  test("expiry: no letter is claimed at or after the batch's expiresAt", async () => {
+    await pendingLetters(4);
+    const expiresAt = new Date(Date.now() + 3_000);
+    const batch = await ops.batches.create({
+      operator: "ana",
+      reason: "x",
+      ratePerSecond: 0.5,
+      batchSize: 4,
+      expiresAt,
+    });
+    const view = await ops.batches.run(batch.id, { operator: "ana" });
+    expect(view.status).toBe("expired");
+    const late = await pg.sql<{ n: number }[]>`
+      select count(*)::int as n from core.dead_letters where status = 'replayed' and status_changed_at >= ${expiresAt.toISOString()}::timestamptz`;
+    expect(late[0]?.n).toBe(0);
+    expect(view.replayed).toBe(await replayedCount());
+  });
+});
+
+describe("maxDurationMs bounds the call, the chunk in progress included (#21 item 2)", () => {
+  test("at one letter per 5 s, a run of at most 500 ms replays nothing and leaves the batch to the next run", async () => {
+    await pendingLetters(3);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 0.2, batchSize: 50 });
+    const view = await ops.batches.run(batch.id, { operator: "ana", maxDurationMs: 500 });
+    expect(view.replayed).toBe(0);
+    expect(await replayedCount()).toBe(0);
+    // Released: the next run (another request) takes the batch on.
+    const after = await ops.batches.get(batch.id);
+    expect(after.leaseOwner).toBeNull();
+    expect(["ready", "running"]).toContain(after.status);
+  });
+});
+
+describe("rates and sizes have bounds (#21 items 3 and 5)", () => {
+  test.each([
+    ["a rate below one replay per 1,000 s", { ratePerSecond: 1e-7 }],
+    ["a rate above 1,000/s", { ratePerSecond: 5_000 }],
+    ["a sample larger than any selection", { ratePerSecond: 1, sampleSize: 3e9 }],
+    ["an expiry past 30 days", { ratePerSecond: 1, expiresAt: new Date(Date.now() + 31 * 86_400_000) }],
+  ])("%s is INVALID_INPUT, audited, and no batch is made", async (_label, input) => {
+    await pendingLetters(2);
+    const error = await refusal(ops.batches.create({ operator: "ana", reason: "x", ...input }));
+    expect(error.code).toBe("INVALID_INPUT");
+    expect(await pg.sql`select 1 from core.replay_batches`).toHaveLength(0);
+    expect((await audit()).at(-1)).toMatchObject({ action: "batch.create", result: "rejected" });
+  });
+});
+
+describe("the two-person rule counts replays when they happen (#21 item 4)", () => {
+  test("a batch created outside the window runs beside a new one: together they never publish past the threshold unapproved", async () => {
+    ops = createOps({
+      db: pg.db,
+      queue,
+      batchPolicy: { approvalThreshold: 3, approvalWindowMs: 3_000, pollIntervalMs: 20 },
+    });
+    await pendingLetters(3, "acme");
+    await pendingLetters(3, "beta");
+    const a = await ops.batches.create({
+      operator: "ana",
+      reason: "x",
+      ratePerSecond: 100,
+      filter: { tenantId: "acme" },
+    });
+    expect(a.status).toBe("ready");
+    await sleep(3_100); // a's creation leaves the window; it has replayed nothing yet
+    const b = await ops.batches.create({
+      operator: "ana",
+      reason: "y",
+      ratePerSecond: 100,
+      filter: { tenantId: "beta" },
+    });
+    await ops.batches.run(a.id, { operator: "ana" });
+    await ops.batches.run(b.id, { operator: "ana" }).catch((error: unknown) => {
+      if (!isSoftcrumError(error, "CONFLICT")) throw error;
+    });
+    expect(await replayedCount()).toBe(3);
+    expect((await ops.batches.get(b.id)).status).toBe("awaiting_approval");
+    // Approved by someone else, it runs.
+    await ops.batches.approve(b.id, { operator: "bo" });
+    expect((await ops.batches.run(b.id, { operator: "bo" })).status).toBe("completed");
+    expect(await replayedCount()).toBe(6);
+  });
+});
+
+describe("every run request is audited (#21 item 6)", () => {
+  test("running an expired batch, and a stopped one, each leave an audit row", async () => {
+    await pendingLetters(2);
+    const expiring = await ops.batches.create({
+      operator: "ana",
+      reason: "x",
+      ratePerSecond: 1,
+      expiresAt: new Date(Date.now() + 200),
+    });
+    await sleep(250);
+    expect((await ops.batches.run(expiring.id, { operator: "ana" })).status).toBe("expired");
+    const stopped = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 1 });
+    await ops.batches.stop(stopped.id, { operator: "ana", reason: "no" });
+    expect((await ops.batches.run(stopped.id, { operator: "bo" })).status).toBe("stopped");
+    const runs = (await audit()).filter((row) => row.action === "batch.run");
+    expect(runs).toEqual([
+      expect.objectContaining({
+        operator: "ana",
+        scope: { batchId: expiring.id },
+        detail: expect.stringMatching(/expired/),
+      }),
+      expect.objectContaining({
+        operator: "bo",
+        scope: { batchId: stopped.id },
+        detail: expect.stringMatching(/stopped/),
+      }),
+    ]);
+  });
+});
+
+// Keep the imports honest: the letters' effects are the consumer's rows.
+test("a replayed letter's job runs once (sanity for the fixtures above)", async () => {
+  const [id] = await pendingLetters(1);
+  await ops.deadLetters.replay([id as string], { operator: "ana", reason: "x" });
+  await queue.drain();
+  expect(await pg.db.select().from(effects).where(eq(effects.consumer, CONSUMER))).toHaveLength(1);
+  expect((await pg.db.select().from(deadLetters))[0]?.status).toBe("replayed");
+});
