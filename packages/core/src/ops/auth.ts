@@ -30,8 +30,9 @@ export interface JwtAuthorizerOptions {
  * The default authorizer: a `Bearer` JWT whose signature, expiry (and issuer,
  * audience when configured) verify, whose `sub` names the operator and whose
  * `roles` (array) or `role` (string) claim includes the operator role. A
- * tenant credential (a `tenant_id` claim) is refused whatever its roles:
- * tenants never touch queues.
+ * tenant credential (a `tenant_id` claim, in any spelling) is refused
+ * whatever its roles: tenants never touch queues. The algorithm is pinned
+ * (HS256 with a secret), and the operator is `sub` in lower case.
  */
 export function jwtAuthorizer(options: JwtAuthorizerOptions): Authorizer {
   const operatorRole = options.operatorRole ?? OPERATOR_ROLE;
@@ -48,6 +49,8 @@ export function jwtAuthorizer(options: JwtAuthorizerOptions): Authorizer {
   const verifyOptions = {
     // A token without an expiry would be valid forever.
     requiredClaims: ["exp", "sub"],
+    // Pinned: a shared secret signs HS256 only; a key set, asymmetric algorithms only.
+    algorithms: options.secret !== undefined ? ["HS256"] : ASYMMETRIC_ALGORITHMS,
     ...(options.issuer ? { issuer: options.issuer } : {}),
     ...(options.audience ? { audience: options.audience } : {}),
   };
@@ -67,8 +70,10 @@ export function jwtAuthorizer(options: JwtAuthorizerOptions): Authorizer {
       const why = error instanceof joseErrors.JWTExpired ? "the token has expired" : "the token is not valid";
       throw new OpsError("UNAUTHENTICATED", why);
     }
-    const subject = typeof payload.sub === "string" ? payload.sub.trim() : "";
-    if (payload["tenant_id"] !== undefined) {
+    // One person, one name: subjects that differ only in case are the same
+    // operator to the two-person rule and the quotas.
+    const subject = typeof payload.sub === "string" ? payload.sub.trim().toLowerCase() : "";
+    if (Object.keys(payload).some((claim) => TENANT_CLAIM.test(claim))) {
       throw refused(subject, "a tenant credential cannot operate queues; use an operator token");
     }
     const roles = rolesOf(payload);
@@ -77,6 +82,22 @@ export function jwtAuthorizer(options: JwtAuthorizerOptions): Authorizer {
     return { operator: subject, roles };
   };
 }
+
+/** A tenant credential's claim in any spelling: tenant_id, tenantId, tenant-id, tenant. */
+const TENANT_CLAIM = /^tenant([_-]?id)?$/i;
+
+const ASYMMETRIC_ALGORITHMS = [
+  "RS256",
+  "RS384",
+  "RS512",
+  "PS256",
+  "PS384",
+  "PS512",
+  "ES256",
+  "ES384",
+  "ES512",
+  "EdDSA",
+];
 
 /** A FORBIDDEN error that remembers who was refused, for the audit. */
 function refused(subject: string, message: string): OpsError {

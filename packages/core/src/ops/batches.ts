@@ -227,7 +227,8 @@ export class ReplayBatches {
     return this.#ops.audited(operatorName(input?.operator), "batch.approve", { batchId: id }, async () => {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const batch = await this.#load(id);
-      if (batch.requestedBy === operator) {
+      // Case-insensitively: "Ana" approving "ana"'s batch is the requester approving it.
+      if (batch.requestedBy.toLowerCase() === operator.toLowerCase()) {
         throw new OpsError(
           "FORBIDDEN",
           `${operator} requested batch ${id} and cannot approve it; another operator must`,

@@ -18,7 +18,7 @@
  *   GET  /dead-letters/:id/history?limit=&cursor=
  *   POST /dead-letters/discard   { ids, reason }
  *   POST /dead-letters/replay    { ids, reason }
- *   GET  /batches?status=
+ *   GET  /batches?status=&limit=&cursor=   a page (limit ≤ 500, default 50) and its nextCursor
  *   POST /batches                { filter, reason, ratePerSecond, batchSize?, sampleSize?, maxFailureRate?, limit?, expiresAt? | expiresInMinutes? }
  *   GET  /batches/:id
  *   POST /batches/:id/approve
@@ -82,6 +82,12 @@ type Route = {
     body: () => Promise<unknown>;
   }) => Promise<unknown>;
 };
+
+const batchListQuery = z.strictObject({
+  status: z.enum(REPLAY_BATCH_STATUSES).optional(),
+  limit: z.coerce.number().int().min(1).max(500).optional(),
+  cursor: z.uuid({ error: "is not a cursor from a previous page" }).optional(),
+});
 
 export function createOpsHandler(options: OpsHandlerOptions): (request: Request) => Promise<Response> {
   const { ops, authorize } = options;
@@ -167,8 +173,15 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
       action: "batch.list",
       mutating: false,
       run: async ({ query }) => {
-        const status = parseInput(z.enum(REPLAY_BATCH_STATUSES).optional(), query.get("status") ?? undefined, "status");
-        return { items: await ops.batches.list(status ? { status } : {}) };
+        // Every parameter known, or 400: a misspelt filter never widens the list.
+        const { status, limit, cursor } = parseInput(batchListQuery, Object.fromEntries(query), "query");
+        const pageSize = limit ?? 50;
+        const items = await ops.batches.list({
+          ...(status ? { status } : {}),
+          ...(cursor ? { cursor } : {}),
+          limit: pageSize,
+        });
+        return { items, nextCursor: items.length === pageSize ? (items.at(-1)?.id ?? null) : null };
       },
     },
     {
