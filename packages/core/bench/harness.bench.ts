@@ -12,8 +12,10 @@
  *                    the harness against raw postgres.js doing the same handler work.
  * Then the harness's jobs are delivered again (all duplicates), and the TTL
  * cleanup deletes 1,000,000 expired fence rows while 16 consumers keep going,
- * and the replay benchmarks of bench/replay.bench.ts run. Last, the soak
- * (bench/soak.bench.ts, SOAK_JOBS jobs in a process of its own).
+ * and the replay benchmarks of bench/replay.bench.ts run. Last, the child
+ * benchmarks of bench/child-bench.ts, each in a process of its own: rate
+ * limits (limits.bench.ts), fan-out (fanout.bench.ts) and the soak
+ * (soak.bench.ts, SOAK_JOBS jobs); their keys join the JSON.
  * The last line printed is JSON (see README).
  */
 import { integer, pgTable, uuid } from "drizzle-orm/pg-core";
@@ -30,8 +32,8 @@ import {
 } from "../src/index.ts";
 import { createFenceCleanup } from "../src/maintenance/fence-cleanup.ts";
 import { benchDatabase } from "./bench-database.ts";
+import { runChildBenches } from "./child-bench.ts";
 import { replayBenchmarks } from "./replay.bench.ts";
-import { runSoak } from "./soak-child.ts";
 
 const JOBS = Number(process.env["BENCH_JOBS"] ?? 20_000);
 const CONCURRENCY = 16;
@@ -225,8 +227,9 @@ try {
     cleanup_deleted_rows_per_s: Math.round((cleaned.deleted / cleanupMs) * 1000),
     cleanup_p99_ratio: Number((p99(during) / p99(before)).toFixed(3)),
     ...replay,
-    // Issue #12 item 4: SOAK_JOBS (default 1,000,000) through the in-process adapter, in a child process.
-    ...(await runSoak()),
+    // The child benchmarks (bench/child-bench.ts), each in a process of its own:
+    // limits_* and fanout_* (#20), soak_* (#12 item 4: SOAK_JOBS, default 1,000,000).
+    ...(await runChildBenches()),
   };
   console.log(
     `jobs per variant: ${JOBS}, concurrency ${CONCURRENCY}, ${ROUNDS} interleaved rounds, Postgres from ${server.source}`,
