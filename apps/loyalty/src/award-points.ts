@@ -4,6 +4,8 @@ import { z } from "zod";
 import { balances, ledger } from "./schema.ts";
 
 export const AWARD_POINTS_QUEUE = "loyalty.points";
+/** How long credited points stay valid: the ledger row's `expires_at` (the expiring-soon scan reads it). */
+export const POINTS_VALID_DAYS = 365;
 export const AWARD_POINTS_KIND = "points.award.v1";
 
 export const awardPointsData = z.object({
@@ -76,6 +78,7 @@ export function createAwardPointsConsumer(options: AwardPointsOptions = {}) {
         customerId: data.customerId,
         points: data.points,
         reason: data.reason,
+        expiresAt: sql`now() + make_interval(days => ${POINTS_VALID_DAYS})`,
       });
       await tx
         .insert(balances)
