@@ -21,6 +21,11 @@
  * notifications through the same queue adapter: woken right after each
  * credit commits, and polling (`outboxRelay.start()`, the worker does it)
  * for anything a crashed or another process left behind.
+ *
+ * Its recurring work (recurring.ts) is a third consumer, on its own queue:
+ * `recurringTasks` are the fan-out tasks whose jobs it runs, their tenants
+ * read from this module's database; the worker schedules them, or a Vercel
+ * Cron route per task does (cron-routes.ts).
  */
 import {
   type AlertPort,
@@ -29,6 +34,7 @@ import {
   bindConsumer,
   type Clock,
   type Consumer,
+  type FanOutTask,
   InvalidConfigError,
   type Logger,
   type MetricsPort,
@@ -50,6 +56,8 @@ import {
   type NotifyPartnerOptions,
 } from "./award-points.ts";
 import { loyaltyMigrations } from "./migrations.ts";
+import { loyaltyRecurringTasks } from "./recurring.ts";
+import { createRecurringConsumer } from "./recurring-jobs.ts";
 import { LOYALTY_POOL_SIZE, loyaltyTriggers } from "./vercel-triggers.ts";
 
 const routeOptions = (trigger: VercelTrigger) => ({
@@ -85,6 +93,10 @@ interface LoyaltyModuleBase {
   readonly awardPoints: BoundConsumer;
   /** The consumer that calls the partner for each committed credit. */
   readonly notifyPartner: BoundConsumer;
+  /** The consumer of the recurring jobs (snapshots, freshness, reconciliation, purges, partitions). */
+  readonly recurring: BoundConsumer;
+  /** The recurring tasks, their tenants read from `db`: for `scheduleFanOut` or `fanOutCronRoute`. */
+  readonly recurringTasks: readonly FanOutTask[];
   /** Publishes committed outbox rows through `queue`; `start()` it in a long-running process. */
   readonly outboxRelay: OutboxRelay;
   close(): Promise<void>;
@@ -104,9 +116,12 @@ export interface VercelLoyaltyModule extends LoyaltyModuleBase {
   readonly awardPointsRoute: (request: Request) => Promise<Response>;
   /** `export const POST = module.notifyPartnerRoute` in the notifications topic's route file. */
   readonly notifyPartnerRoute: (request: Request) => Promise<Response>;
+  /** `export const POST = module.recurringRoute` in the recurring topic's route file. */
+  readonly recurringRoute: (request: Request) => Promise<Response>;
   /** For a long-running process instead of push delivery. */
   startAwardPointsWorker(options?: VercelWorkerOptions): VercelWorker;
   startNotifyPartnerWorker(options?: VercelWorkerOptions): VercelWorker;
+  startRecurringWorker(options?: VercelWorkerOptions): VercelWorker;
 }
 
 export type LoyaltyModule = InProcessLoyaltyModule | VercelLoyaltyModule;
@@ -149,9 +164,16 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
   // The credit's notification goes out as soon as the credit commits.
   const awardPoints = bindConsumer(awardConsumer, { ...deps, outboxRelay });
   const notifyPartner = bindConsumer(notifyConsumer, deps);
-  const consumers = [awardConsumer, notifyConsumer];
+  const recurringConsumer = createRecurringConsumer();
+  const recurring = bindConsumer(recurringConsumer, deps);
+  const recurringTasks = loyaltyRecurringTasks(db);
+  const consumers = [awardConsumer, notifyConsumer, recurringConsumer];
   if (vercel) {
-    const triggers = loyaltyTriggers({ awardPoints: awardConsumer, notifyPartner: notifyConsumer });
+    const triggers = loyaltyTriggers({
+      awardPoints: awardConsumer,
+      notifyPartner: notifyConsumer,
+      recurring: recurringConsumer,
+    });
     return {
       transport: "vercel",
       db,
@@ -159,13 +181,17 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
       consumers,
       awardPoints,
       notifyPartner,
+      recurring,
+      recurringTasks,
       outboxRelay,
       queue: vercel,
       // The adapter must know each route's trigger (its delivery cap) to dead-letter before the service drops.
       awardPointsRoute: vercel.pushHandler(awardPoints, routeOptions(triggers.awardPoints.trigger)),
       notifyPartnerRoute: vercel.pushHandler(notifyPartner, routeOptions(triggers.notifyPartner.trigger)),
+      recurringRoute: vercel.pushHandler(recurring, routeOptions(triggers.recurring.trigger)),
       startAwardPointsWorker: (workerOptions) => vercel.startWorker(awardPoints, workerOptions),
       startNotifyPartnerWorker: (workerOptions) => vercel.startWorker(notifyPartner, workerOptions),
+      startRecurringWorker: (workerOptions) => vercel.startWorker(recurring, workerOptions),
       async close() {
         await outboxRelay.stop();
         await vercel.close();
@@ -176,6 +202,7 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
   const memory = queue as MemoryQueue;
   memory.subscribe(awardPoints);
   memory.subscribe(notifyPartner);
+  memory.subscribe(recurring);
   return {
     transport: "memory",
     db,
@@ -183,6 +210,8 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
     consumers,
     awardPoints,
     notifyPartner,
+    recurring,
+    recurringTasks,
     outboxRelay,
     queue: memory,
     async settle() {

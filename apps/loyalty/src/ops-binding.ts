@@ -19,6 +19,7 @@
 import { type ReplayModule, replayRouteOf } from "@softcrum/core/ops";
 import { createAwardPointsConsumer, createNotifyPartnerConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule } from "./composition-root.ts";
+import { createRecurringConsumer } from "./recurring-jobs.ts";
 
 /** Stands in for the partner statement service in local runs: it accepts every notification. */
 const acceptingPartner: PartnerNotifier = { pointsAwarded: async () => {} };
@@ -26,7 +27,11 @@ const acceptingPartner: PartnerNotifier = { pointsAwarded: async () => {} };
 export const loyaltyOps: ReplayModule = {
   name: "loyalty",
   // Consumer definitions only: nothing is opened to list them.
-  routes: [createAwardPointsConsumer(), createNotifyPartnerConsumer({ notifier: acceptingPartner })].map(replayRouteOf),
+  routes: [
+    createAwardPointsConsumer(),
+    createNotifyPartnerConsumer({ notifier: acceptingPartner }),
+    createRecurringConsumer(),
+  ].map(replayRouteOf),
   async runInProcess({ databaseUrl }) {
     const closed = (process.env["LOYALTY_CLOSED_CUSTOMERS"] ?? "")
       .split(",")

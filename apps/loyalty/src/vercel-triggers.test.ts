@@ -14,7 +14,11 @@ describe("vercel.json trigger blocks (#11 item 1)", () => {
   test("every trigger names its cap, its retry delay and a concurrency within the database pool", () => {
     const { functions } = loyaltyVercelJson();
     const triggers = Object.values(functions).map((f) => f.experimentalTriggers[0]);
-    expect(triggers.map((t) => t.topic).sort()).toEqual(["loyalty_Dpartner-notifications", "loyalty_Dpoints"]);
+    expect(triggers.map((t) => t.topic).sort()).toEqual([
+      "loyalty_Dpartner-notifications",
+      "loyalty_Dpoints",
+      "loyalty_Drecurring",
+    ]);
     for (const trigger of triggers) {
       expect(trigger.maxDeliveries).toBeGreaterThanOrEqual(5 + 2);
       expect(trigger.retryAfterSeconds).toBeGreaterThan(0);

@@ -13,29 +13,44 @@
  */
 import { type VercelFunctionsConfig, vercelFunctionsConfig, vercelTrigger } from "@softcrum/core/adapters/vercel";
 import { createAwardPointsConsumer, createNotifyPartnerConsumer } from "./award-points.ts";
+import { createRecurringConsumer } from "./recurring-jobs.ts";
 
-/** Connections of the module's Postgres pool (`openPostgres`), shared by its two routes. */
+/** Connections of the module's Postgres pool (`openPostgres`), shared by its three routes. */
 export const LOYALTY_POOL_SIZE = 10;
 
 type TriggerConsumer = Parameters<typeof vercelTrigger>[0];
 
-/** The trigger of each push route, from the consumers as the module defines them. */
+/**
+ * The trigger of each push route, from the consumers as the module defines
+ * them. The recurring jobs get 2 connections: they are a few per tenant per
+ * hour and not urgent within minutes, while credits are what customers wait on.
+ */
 export function loyaltyTriggers(
-  consumers: { readonly awardPoints: TriggerConsumer; readonly notifyPartner: TriggerConsumer } = {
-    awardPoints: createAwardPointsConsumer(),
-    notifyPartner: createNotifyPartnerConsumer({ notifier: { pointsAwarded: async () => {} } }),
-  },
+  consumers: {
+    readonly awardPoints?: TriggerConsumer;
+    readonly notifyPartner?: TriggerConsumer;
+    readonly recurring?: TriggerConsumer;
+  } = {},
 ) {
   return {
-    awardPoints: vercelTrigger(consumers.awardPoints, {
+    awardPoints: vercelTrigger(consumers.awardPoints ?? createAwardPointsConsumer(), {
       route: "app/api/queues/loyalty-points/route.ts",
-      databaseConnections: 6,
+      databaseConnections: 5,
       retryAfterSeconds: 60,
       maxDeliveries: 12,
     }),
-    notifyPartner: vercelTrigger(consumers.notifyPartner, {
-      route: "app/api/queues/loyalty-partner-notifications/route.ts",
-      databaseConnections: LOYALTY_POOL_SIZE - 6,
+    notifyPartner: vercelTrigger(
+      consumers.notifyPartner ?? createNotifyPartnerConsumer({ notifier: { pointsAwarded: async () => {} } }),
+      {
+        route: "app/api/queues/loyalty-partner-notifications/route.ts",
+        databaseConnections: LOYALTY_POOL_SIZE - 5 - 2,
+        retryAfterSeconds: 60,
+        maxDeliveries: 12,
+      },
+    ),
+    recurring: vercelTrigger(consumers.recurring ?? createRecurringConsumer(), {
+      route: "app/api/queues/loyalty-recurring/route.ts",
+      databaseConnections: 2,
       retryAfterSeconds: 60,
       maxDeliveries: 12,
     }),
@@ -47,6 +62,6 @@ export function loyaltyVercelJson(): VercelFunctionsConfig & { readonly $schema:
   const triggers = loyaltyTriggers();
   return {
     $schema: "https://openapi.vercel.sh/vercel.json",
-    ...vercelFunctionsConfig([triggers.awardPoints, triggers.notifyPartner]),
+    ...vercelFunctionsConfig([triggers.awardPoints, triggers.notifyPartner, triggers.recurring]),
   };
 }
