@@ -10,9 +10,13 @@
  * undocumented (an older trigger version dropped a message after 3
  * deliveries). `maxConcurrency` is sized against the database: each delivery
  * holds one connection at a time, and the module's pool has 10.
+ *
+ * The file also lists the Vercel Crons of the module's recurring tasks
+ * (`crons`, from cron-routes.ts), whose jobs the recurring route consumes.
  */
 import { type VercelFunctionsConfig, vercelFunctionsConfig, vercelTrigger } from "@softcrum/core/adapters/vercel";
 import { createAwardPointsConsumer, createNotifyPartnerConsumer } from "./award-points.ts";
+import { loyaltyCrons } from "./cron-routes.ts";
 import { createRecurringConsumer } from "./recurring-jobs.ts";
 
 /** Connections of the module's Postgres pool (`openPostgres`), shared by its three routes. */
@@ -58,10 +62,14 @@ export function loyaltyTriggers(
 }
 
 /** What apps/loyalty/vercel.json holds. */
-export function loyaltyVercelJson(): VercelFunctionsConfig & { readonly $schema: string } {
+export function loyaltyVercelJson(): VercelFunctionsConfig & {
+  readonly $schema: string;
+  readonly crons: ReturnType<typeof loyaltyCrons>;
+} {
   const triggers = loyaltyTriggers();
   return {
     $schema: "https://openapi.vercel.sh/vercel.json",
     ...vercelFunctionsConfig([triggers.awardPoints, triggers.notifyPartner, triggers.recurring]),
+    crons: loyaltyCrons(),
   };
 }

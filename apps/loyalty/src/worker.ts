@@ -15,12 +15,16 @@
  * in the fixed region SOFTCRUM_QUEUE_REGION (not VERCEL_REGION: a message is consumed only in the region it was sent
  * to), unpinned (ADR 0009); its publishes go there unpinned too.
  * It also runs the outbox relay, which publishes the partner notifications
- * the credits committed (several workers may run it at once).
+ * the credits committed (several workers may run it at once), and a schedule
+ * loop per recurring task (recurring.ts: snapshots, freshness, reconciliation,
+ * purges, partitions), each publishing its tick's jobs at the boundary —
+ * alongside Vercel Crons of the same tasks or instead of them: both publish
+ * the same jobs, applied once.
  * It runs until SIGINT or SIGTERM, then stops gracefully and exits 0 (a
  * second signal exits at once, with 1).
  */
 
-import { InvalidConfigError } from "@softcrum/core";
+import { type FanOutReport, InvalidConfigError, scheduleFanOut } from "@softcrum/core";
 import type { VercelQueueConfig, VercelQueueOptions } from "@softcrum/core/adapters/vercel";
 import {
   type CleanupReport,
@@ -34,6 +38,7 @@ import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { createAwardPointsConsumer, createNotifyPartnerConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule, type LoyaltyModule } from "./composition-root.ts";
+import { createRecurringConsumer } from "./recurring-jobs.ts";
 
 /**
  * A poll worker consumes in one fixed region, unpinned: a message is consumed
@@ -68,6 +73,15 @@ export interface WorkerOptions {
   readonly onCleanup?: (report: CleanupReport) => void;
   /** Vercel Queues settings (with SOFTCRUM_QUEUE=vercel). @default region SOFTCRUM_QUEUE_REGION, unpinned */
   readonly vercel?: VercelQueueOptions;
+  /** The recurring tasks' schedule loops; `false` leaves the tasks to Vercel Cron alone. @default every task */
+  readonly recurring?:
+    | false
+    | {
+        /** Wall clock of the tick boundaries. @default Date.now */
+        readonly now?: () => number;
+        /** After each tick a loop fanned out. */
+        readonly onRun?: (task: string, report: FanOutReport) => void;
+      };
 }
 
 export interface LoyaltyWorker {
@@ -90,7 +104,7 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   // Checked first: a TTL a late retry could outlive stops the worker before it opens or consumes anything.
   checkFenceTtl({
     ttlMs: options.fenceTtlMs,
-    consumers: [createAwardPointsConsumer(), createNotifyPartnerConsumer(options)],
+    consumers: [createAwardPointsConsumer(), createNotifyPartnerConsumer(options), createRecurringConsumer()],
     transportHoldMs,
   });
 
@@ -136,13 +150,18 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
   // With Vercel Queues this process polls the topic; in-process, the module's
   // queue already delivers what this process publishes.
   const pollers =
-    module.transport === "vercel" ? [module.startAwardPointsWorker(), module.startNotifyPartnerWorker()] : [];
+    module.transport === "vercel"
+      ? [module.startAwardPointsWorker(), module.startNotifyPartnerWorker(), module.startRecurringWorker()]
+      : [];
   // Publishes what credits committed: woken after each, polling for what a crashed process left.
   module.outboxRelay.start();
+  const loops = options.recurring === false ? [] : startRecurringLoops(module, options.recurring ?? {});
   return {
     module,
     failed: Promise.race(pollers.map((poller) => poller.failed)),
     async stop() {
+      // The loops publish: stopped before the transport they publish to.
+      await Promise.all(loops.map((loop) => loop.stop()));
       await Promise.all(pollers.map((poller) => poller.stop()));
       await schedule.stop();
       metrics.close();
@@ -151,6 +170,26 @@ export async function startLoyaltyWorker(options: WorkerOptions): Promise<Loyalt
       await alertsClient?.end({ timeout: 5 });
     },
   };
+}
+
+/** One `scheduleFanOut` loop per recurring task; a tick some jobs of which were not published is logged to be run again. */
+function startRecurringLoops(module: LoyaltyModule, options: Exclude<WorkerOptions["recurring"], false | undefined>) {
+  const logger = { warn: (m: string) => console.warn(m), error: (m: string) => console.error(m) };
+  return module.recurringTasks.map((task) =>
+    scheduleFanOut(task, {
+      queue: module.queue,
+      logger,
+      ...(options.now ? { now: options.now } : {}),
+      onRun: (report) => {
+        if (report.failed > 0 || report.unconfirmed > 0) {
+          console.error(
+            `${task.name} ${report.tick}: ${report.failed} failed, ${report.unconfirmed} unconfirmed of ${report.tenants}; run the tick again (runRecurringTick): the published ones are no-ops`,
+          );
+        }
+        options.onRun?.(task.name, report);
+      },
+    }),
+  );
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
@@ -166,7 +205,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     },
   });
   console.log(
-    `loyalty worker running on ${worker.module.database}; fence TTL ${hours} h, cleanup every ${minutes} min`,
+    `loyalty worker running on ${worker.module.database}; fence TTL ${hours} h, cleanup every ${minutes} min; ${worker.module.recurringTasks.length} recurring tasks scheduled`,
   );
   // The core's timers are unref'd (a library must not hold a process open),
   // and the embedded database holds no socket: without this the process would
