@@ -5,6 +5,10 @@
  * - Postgres at `databaseUrl` (else DATABASE_URL), migrated already
  *   (`pnpm db:migrate`): the module refuses to start on a database behind
  *   its code (NotMigratedError).
+ * - `databaseUrl: null`: an embedded Postgres (PGlite), created empty and
+ *   migrated here (the core's migrations, then this module's) — for the demo,
+ *   which needs no server. Only asked for explicitly: a service missing its
+ *   DATABASE_URL still fails to start.
  * - The in-process queue adapter, with both lanes of the `email` channel
  *   subscribed: blast chunks on `notif.email.marketing`, single e-mails on
  *   `notif.email.transactional`.
@@ -40,7 +44,7 @@ import {
   systemClock,
 } from "@softcrum/core";
 import { createMemoryQueue, type MemoryQueue } from "@softcrum/core/adapters/memory";
-import { assertMigrated, coreMigrations, postgresJsSession } from "@softcrum/core/migrate";
+import { assertMigrated, coreMigrations, migrate, postgresJsSession, queryRowsSession } from "@softcrum/core/migrate";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { Resend } from "resend";
@@ -56,8 +60,8 @@ import {
 } from "./transactional-email.ts";
 
 export interface NotificationsModuleOptions extends EmailLimitOptions {
-  /** Postgres URL. @default process.env.DATABASE_URL */
-  readonly databaseUrl?: string;
+  /** Postgres URL; `null` for an embedded PGlite, migrated at start. @default process.env.DATABASE_URL */
+  readonly databaseUrl?: string | null;
   /** @default process.env.RESEND_API_KEY */
   readonly resendApiKey?: string;
   /** Where the SDK sends its requests. @default process.env.RESEND_BASE_URL, else Resend's API */
@@ -83,6 +87,7 @@ export interface NotificationsModuleOptions extends EmailLimitOptions {
 
 export interface NotificationsModule {
   readonly db: AnyPgDatabase;
+  readonly database: "postgres" | "pglite";
   /** The in-process adapter both consumers are subscribed to. */
   readonly queue: MemoryQueue;
   /** What producers publish through: the queue, counting transactional jobs into the lane backlog first. */
@@ -108,22 +113,15 @@ export function newBlastId(): string {
 export async function createNotificationsModule(
   options: NotificationsModuleOptions = {},
 ): Promise<NotificationsModule> {
-  const url = options.databaseUrl ?? process.env["DATABASE_URL"];
-  if (!url) throw new InvalidConfigError("the notifications module needs Postgres: set DATABASE_URL");
+  const url = options.databaseUrl === undefined ? process.env["DATABASE_URL"] : options.databaseUrl;
+  if (url !== null && !url) throw new InvalidConfigError("the notifications module needs Postgres: set DATABASE_URL");
   const apiKey = options.resendApiKey ?? process.env["RESEND_API_KEY"];
   if (!apiKey) throw new InvalidConfigError("the notifications module needs RESEND_API_KEY");
   const resend = new Resend(apiKey, options.resendBaseUrl ? { baseUrl: options.resendBaseUrl } : undefined);
   const clock = options.clock ?? systemClock;
   const now = () => clock.now();
 
-  const client = postgres(url, { max: options.poolSize ?? 10, onnotice: () => {} });
-  try {
-    await assertMigrated(postgresJsSession(client), [coreMigrations, notificationsMigrations]);
-  } catch (error) {
-    await client.end();
-    throw error;
-  }
-  const db = drizzle({ client }) as AnyPgDatabase;
+  const { db, database, closeDb } = url === null ? await openPglite() : await openPostgres(url, options.poolSize ?? 10);
   const queue = createMemoryQueue({ clock, concurrency: options.concurrency ?? 4 });
   const laneBacklog = options.laneBacklog ?? inProcessLaneBacklog({ now });
   const publisher = countTransactional(queue, laneBacklog, {
@@ -156,6 +154,7 @@ export async function createNotificationsModule(
   queue.subscribe(transactionalEmail);
   return {
     db,
+    database,
     queue,
     publisher,
     consumers: [chunkConsumer, emailConsumer],
@@ -166,7 +165,43 @@ export async function createNotificationsModule(
     settle: () => queue.drain(),
     async close() {
       await queue.close();
-      await client.end({ timeout: 5 });
+      await closeDb();
     },
+  };
+}
+
+async function openPostgres(url: string, poolSize: number) {
+  const client = postgres(url, { max: poolSize, onnotice: () => {} });
+  try {
+    await assertMigrated(postgresJsSession(client), [coreMigrations, notificationsMigrations]);
+  } catch (error) {
+    await client.end();
+    throw error;
+  }
+  return {
+    db: drizzle({ client }) as AnyPgDatabase,
+    database: "postgres" as const,
+    closeDb: () => client.end({ timeout: 5 }),
+  };
+}
+
+async function openPglite() {
+  // Loaded only here: a service on Postgres never loads the embedded database.
+  const { PGlite } = await import("@electric-sql/pglite");
+  const { drizzle: drizzlePglite } = await import("drizzle-orm/pglite");
+  const client = new PGlite();
+  try {
+    // One process owns an embedded database: no migration lock to take.
+    const session = queryRowsSession(client);
+    await migrate(session, coreMigrations, { lock: false });
+    await migrate(session, notificationsMigrations, { lock: false });
+  } catch (error) {
+    await client.close();
+    throw error;
+  }
+  return {
+    db: drizzlePglite({ client }) as AnyPgDatabase,
+    database: "pglite" as const,
+    closeDb: () => client.close(),
   };
 }
