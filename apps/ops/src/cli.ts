@@ -330,9 +330,11 @@ const BATCH_FIELDS = [
   "replayed",
   "skipped",
   "succeeded",
+  "duplicates",
   "failedAgain",
   "unresolved",
   "pending",
+  "recovery",
   "created",
   "ran",
   "expires",
@@ -348,6 +350,10 @@ function humanBatch(batch: BatchView, now = Date.now()): Record<string, unknown>
     ran: batch.startedAt
       ? `${duration(ended - batch.startedAt.getTime())}${batch.endedAt ? "" : " so far"}`
       : "not yet",
+    // Done only when every replayed job resolved (#21 item 7): succeeded + duplicates + failed again = replayed.
+    recovery: batch.recovered
+      ? `done: ${batch.succeeded} succeeded, ${batch.duplicates} already done, ${batch.failedAgain} failed again${batch.timeToRecoveryMs !== null ? ` in ${duration(batch.timeToRecoveryMs)}` : ""}`
+      : `not yet: ${batch.unresolved} replayed jobs unresolved, ${batch.pending} letters to replay`,
     expires:
       batch.expiresAt.getTime() > now
         ? `in ${duration(batch.expiresAt.getTime() - now)}`
@@ -748,8 +754,10 @@ async function runBatch(
           skipped: b.skipped,
           pending: b.pending,
           succeeded: b.succeeded,
+          duplicates: b.duplicates,
           failedAgain: b.failedAgain,
           unresolved: b.unresolved,
+          recovered: b.recovered,
           rate: Number(rate.toFixed(2)),
           etaSeconds: Math.ceil(etaSeconds),
         }),

@@ -170,13 +170,14 @@ export function phaseOf(b: {
   replayed: number;
   skipped: number;
   succeeded: number;
+  duplicates?: number;
   failedAgain: number;
   ratePerSecond: number;
 }): string {
   if (b.status !== "running") return b.status;
   const sample = b.sampleSize ? Math.min(b.sampleSize, b.selected) : 0;
   if (sample > 0 && !b.samplePassedAt && b.replayed + b.skipped >= sample) {
-    return `waiting for the sample check (${b.succeeded + b.failedAgain} of ${b.replayed} resolved)`;
+    return `waiting for the sample check (${b.succeeded + (b.duplicates ?? 0) + b.failedAgain} of ${b.replayed} resolved)`;
   }
   return `paced at ${b.ratePerSecond}/s`;
 }

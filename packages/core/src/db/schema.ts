@@ -268,6 +268,17 @@ export const replayBatches = core.table(
     /** Replayed jobs resolved since `rateWindowStart`: what the failure-rate pause compares. */
     windowSucceeded: integer("window_succeeded").notNull().default(0),
     windowFailedAgain: integer("window_failed_again").notNull().default(0),
+    /**
+     * Replayed jobs whose fence was there before the replay (#21 item 5): the
+     * work had been done, so the letter should not have been replayed (the
+     * selection is wrong, or a fix already ran). Kept like `succeeded`.
+     */
+    duplicates: integer("duplicates").notNull().default(0),
+    windowDuplicates: integer("window_duplicates").notNull().default(0),
+    /** Pause when more than this share of the resolved replays since `rateWindowStart` were duplicates. */
+    maxDuplicateRate: doublePrecision("max_duplicate_rate").notNull().default(0.5),
+    /** When the runner last resolved a replayed job: with `startedAt`, the batch's time to recovery. */
+    lastResolvedAt: timestamp("last_resolved_at", { withTimezone: true }),
     samplePassedAt: timestamp("sample_passed_at", { withTimezone: true }),
     /** Failure-rate checks count only jobs replayed since this time (set on start and on each resume). */
     rateWindowStart: timestamp("rate_window_start", { withTimezone: true }),
@@ -288,6 +299,7 @@ export const replayBatches = core.table(
     check("replay_batches_batch_size_positive", sql`${t.batchSize} > 0`),
     check("replay_batches_sample_size_positive", sql`${t.sampleSize} is null or ${t.sampleSize} > 0`),
     check("replay_batches_failure_rate_range", sql`${t.maxFailureRate} > 0 and ${t.maxFailureRate} <= 1`),
+    check("replay_batches_duplicate_rate_range", sql`${t.maxDuplicateRate} > 0 and ${t.maxDuplicateRate} <= 1`),
     index("replay_batches_status_idx").on(t.status, t.createdAt),
     // What one requester asked to replay over the approval window (#10 item 4).
     index("replay_batches_requester_idx").on(t.requestedBy, t.createdAt),
@@ -296,7 +308,7 @@ export const replayBatches = core.table(
 
 export const REPLAY_ITEM_STATES = ["pending", "replayed", "skipped"] as const;
 export type ReplayItemState = (typeof REPLAY_ITEM_STATES)[number];
-export const REPLAY_ITEM_RESOLUTIONS = ["succeeded", "failed_again"] as const;
+export const REPLAY_ITEM_RESOLUTIONS = ["succeeded", "failed_again", "duplicate"] as const;
 export type ReplayItemResolution = (typeof REPLAY_ITEM_RESOLUTIONS)[number];
 
 /** The letters a batch selected, in replay order. `skipped`: no longer pending when its turn came. */

@@ -222,3 +222,38 @@ test("a replayed letter's job runs once (sanity for the fixtures above)", async 
   expect(await pg.db.select().from(effects).where(eq(effects.consumer, CONSUMER))).toHaveLength(1);
   expect((await pg.db.select().from(deadLetters))[0]?.status).toBe("replayed");
 });
+
+describe("duplicates and the recovery proof (#21 items 5 and 7)", () => {
+  test("replays whose jobs were already done pause the batch on the duplicate rate (audited), and are counted apart from successes", async () => {
+    const ids = await pendingLetters(20);
+    // Their jobs' fences exist from before: the work was done, the letters are wrong.
+    await pg.sql`insert into core.processed_jobs (job_id, consumer, processed_at)
+      select job_id::uuid, consumer, now() - interval '1 hour' from core.dead_letters where id in ${pg.sql(ids)}`;
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 20, batchSize: 2 });
+    const view = await ops.batches.run(batch.id, { operator: "ana" });
+    await queue.drain();
+    expect(view.status).toBe("paused");
+    expect(view.stopReason).toMatch(/^duplicate rate 100%/);
+    expect(view.replayed).toBeLessThan(20);
+    const after = await ops.batches.get(batch.id);
+    expect(after.duplicates).toBe(after.replayed);
+    expect(after.succeeded).toBe(0);
+    expect(after.recovered).toBe(false); // letters are left to replay
+    expect((await audit()).filter((row) => row.action === "batch.pause")).toEqual([
+      expect.objectContaining({ scope: { batchId: batch.id, automatic: true, cause: "duplicate_rate" } }),
+    ]);
+    expect(await pg.db.select().from(effects)).toHaveLength(0);
+  });
+
+  test("a finished batch is recovered only when every replayed job resolved, with its time to recovery", async () => {
+    await pendingLetters(4);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 100 });
+    const ran = await ops.batches.run(batch.id, { operator: "ana" });
+    expect(ran.replayed).toBe(4);
+    await queue.drain();
+    const view = await ops.batches.get(batch.id);
+    expect(view).toMatchObject({ status: "completed", succeeded: 4, duplicates: 0, failedAgain: 0, unresolved: 0 });
+    expect(view.recovered).toBe(true);
+    expect(view.timeToRecoveryMs).toBeGreaterThanOrEqual(0);
+  });
+});

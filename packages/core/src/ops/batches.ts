@@ -85,6 +85,7 @@ export const RESOLVE_PAGE = 1000;
 export const MIN_RATE_PER_SECOND = 0.001;
 export const MAX_RATE_PER_SECOND = 1000;
 export const MAX_BATCH_LETTERS = 100_000;
+export const DEFAULT_MAX_DUPLICATE_RATE = 0.5;
 
 const createSchema = z.strictObject({
   filter: deadLetterFilterSchema.default({}),
@@ -98,6 +99,12 @@ const createSchema = z.strictObject({
   sampleSize: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
   /** Pause when more than this share of resolved replayed jobs failed again. */
   maxFailureRate: z.coerce.number().gt(0).max(1).default(0.2),
+  /**
+   * Pause when more than this share of resolved replays hit a fence that was
+   * there before the replay (the work was done: the selection is wrong, or a
+   * fix already ran). Counted from `minResolvedForRate` resolved replays on.
+   */
+  maxDuplicateRate: z.coerce.number().gt(0).max(1).default(DEFAULT_MAX_DUPLICATE_RATE),
   /** At most this many letters (oldest first). */
   limit: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
   /** The batch does not run after this. */
@@ -111,11 +118,21 @@ const createSchema = z.strictObject({
 export type CreateBatchInput = z.input<typeof createSchema>;
 
 export interface BatchView extends ReplayBatchRow {
-  /** Replayed jobs whose fence exists now (they succeeded, or had already). */
+  /** Replayed jobs whose fence the replay made (they succeeded). */
   readonly succeeded: number;
-  /** Replayed jobs neither succeeded nor failed again yet (in flight or retrying). */
+  /** Replayed jobs whose fence was already there before the replay (`duplicates` on the row, plus what is resolved live). */
+  readonly duplicates: number;
+  /** Replayed jobs neither succeeded, duplicate nor failed again yet (in flight or retrying). */
   readonly unresolved: number;
   readonly pending: number;
+  /**
+   * The recovery proof (#21 item 7): every replayed job resolved — succeeded,
+   * duplicate or failed again — and nothing left to replay. Until then a
+   * batch is not done, whatever its status says.
+   */
+  readonly recovered: boolean;
+  /** From the batch's start to the last replayed job's resolution, once `recovered`; else null. */
+  readonly timeToRecoveryMs: number | null;
 }
 
 export interface BatchProgress {
@@ -203,6 +220,7 @@ export class ReplayBatches {
           batchSize: parsed.batchSize,
           sampleSize: parsed.sampleSize ?? null,
           maxFailureRate: parsed.maxFailureRate,
+          maxDuplicateRate: parsed.maxDuplicateRate,
           expiresAt,
           selected: letters.length,
           createdAt: now,
@@ -265,6 +283,7 @@ export class ReplayBatches {
         rateWindowStart: now,
         windowSucceeded: 0,
         windowFailedAgain: 0,
+        windowDuplicates: 0,
         // Only a sample that ran and failed is accepted by resuming; a pause
         // for any other reason keeps the sample requirement.
         ...(batch.sampleSize && !batch.samplePassedAt && batch.stopReason?.startsWith("sample:")
@@ -299,12 +318,23 @@ export class ReplayBatches {
     const live = await this.#unresolvedNow(id);
     const failedAgain = batch.failedAgain + live.failedAgain;
     const succeeded = batch.succeeded + live.succeeded;
+    const duplicates = batch.duplicates + live.duplicates;
+    const unresolved = Math.max(0, batch.replayed - failedAgain - succeeded - duplicates);
+    const pending = Math.max(0, batch.selected - batch.replayed - batch.skipped);
+    const recovered = unresolved === 0 && pending === 0;
+    const resolvedAt = live.lastResolvedAt ?? batch.lastResolvedAt;
     return {
       ...batch,
       failedAgain,
       succeeded,
-      unresolved: Math.max(0, batch.replayed - failedAgain - succeeded),
-      pending: Math.max(0, batch.selected - batch.replayed - batch.skipped),
+      duplicates,
+      unresolved,
+      pending,
+      recovered,
+      timeToRecoveryMs:
+        recovered && batch.startedAt && resolvedAt
+          ? Math.max(0, new Date(resolvedAt).getTime() - batch.startedAt.getTime())
+          : null,
     };
   }
 
@@ -515,7 +545,18 @@ export class ReplayBatches {
       const resolved = await this.#resolve(id);
       if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
       const window = await this.#load(id);
-      const windowResolved = window.windowSucceeded + window.windowFailedAgain;
+      const windowResolved = window.windowSucceeded + window.windowFailedAgain + window.windowDuplicates;
+      if (
+        !inSample &&
+        windowResolved >= this.#policy.minResolvedForRate &&
+        window.windowDuplicates / windowResolved > window.maxDuplicateRate
+      ) {
+        const rate = Math.round((window.windowDuplicates / windowResolved) * 100);
+        stopped ??= {
+          reason: `duplicate rate ${rate}% (${window.windowDuplicates} of ${windowResolved} resolved replays found their job already done) is over ${Math.round(window.maxDuplicateRate * 100)}%: the selection is wrong, or a fix already ran`,
+          cause: "duplicate_rate",
+        };
+      }
       if (
         !inSample &&
         windowResolved >= this.#policy.minResolvedForRate &&
@@ -731,7 +772,7 @@ export class ReplayBatches {
   async #resolve(id: string): Promise<{ succeeded: number; failedAgain: number }> {
     const result = await this.#db.execute(sql`
       with page as (
-        select i.dead_letter_id, i.replayed_at, f.failed, f.succeeded
+        select i.dead_letter_id, i.replayed_at, f.failed, f.succeeded, f.duplicate
         from core.replay_batch_items i
         join core.dead_letters d on d.id = i.dead_letter_id
         cross join lateral (${outcomeOf()}) f
@@ -740,7 +781,7 @@ export class ReplayBatches {
         limit ${RESOLVE_PAGE}
       ), done as (
         update core.replay_batch_items i
-        set resolution = case when page.failed then 'failed_again' else 'succeeded' end
+        set resolution = case when page.failed then 'failed_again' when page.duplicate then 'duplicate' else 'succeeded' end
         from page
         where i.batch_id = ${id} and i.dead_letter_id = page.dead_letter_id and i.resolution is null
           and (page.failed or page.succeeded)
@@ -748,17 +789,22 @@ export class ReplayBatches {
       ), counted as (
         select count(*) filter (where d.resolution = 'succeeded')::int as succeeded,
                count(*) filter (where d.resolution = 'failed_again')::int as failed_again,
+               count(*) filter (where d.resolution = 'duplicate')::int as duplicates,
                count(*) filter (where d.resolution = 'succeeded' and d.replayed_at >= b.rate_window_start)::int as window_succeeded,
-               count(*) filter (where d.resolution = 'failed_again' and d.replayed_at >= b.rate_window_start)::int as window_failed_again
+               count(*) filter (where d.resolution = 'failed_again' and d.replayed_at >= b.rate_window_start)::int as window_failed_again,
+               count(*) filter (where d.resolution = 'duplicate' and d.replayed_at >= b.rate_window_start)::int as window_duplicates
         from done d cross join (select rate_window_start from core.replay_batches where id = ${id}) b
       ), bumped as (
         update core.replay_batches b
         set succeeded = b.succeeded + c.succeeded,
             failed_again = b.failed_again + c.failed_again,
+            duplicates = b.duplicates + c.duplicates,
             window_succeeded = b.window_succeeded + c.window_succeeded,
-            window_failed_again = b.window_failed_again + c.window_failed_again
+            window_failed_again = b.window_failed_again + c.window_failed_again,
+            window_duplicates = b.window_duplicates + c.window_duplicates,
+            last_resolved_at = ${this.#now().toISOString()}::timestamptz
         from counted c
-        where b.id = ${id} and (c.succeeded > 0 or c.failed_again > 0)
+        where b.id = ${id} and (c.succeeded > 0 or c.failed_again > 0 or c.duplicates > 0)
         returning 1
       )
       select succeeded, failed_again from counted`);
@@ -771,7 +817,7 @@ export class ReplayBatches {
     const result = await this.#db.execute(sql`
       select count(*)::int as replayed,
              count(*) filter (where resolution = 'failed_again')::int as failed_again,
-             count(*) filter (where resolution = 'succeeded')::int as succeeded
+             count(*) filter (where resolution in ('succeeded', 'duplicate'))::int as succeeded
       from core.replay_batch_items
       where batch_id = ${id} and in_sample and state = 'replayed'`);
     const [row] = rowsOf<{ replayed: number; failed_again: number; succeeded: number }>(result);
@@ -782,17 +828,31 @@ export class ReplayBatches {
   }
 
   /** Read-only: what became of up to `RESOLVE_PAGE` replayed jobs not resolved on the row yet. */
-  async #unresolvedNow(id: string): Promise<{ succeeded: number; failedAgain: number }> {
+  async #unresolvedNow(
+    id: string,
+  ): Promise<{ succeeded: number; failedAgain: number; duplicates: number; lastResolvedAt: Date | null }> {
     const result = await this.#db.execute(sql`
       select count(*) filter (where f.failed)::int as failed_again,
-             count(*) filter (where not f.failed and f.succeeded)::int as succeeded
+             count(*) filter (where not f.failed and f.succeeded and not f.duplicate)::int as succeeded,
+             count(*) filter (where not f.failed and f.duplicate)::int as duplicates,
+             max(f.resolved_at) as last_resolved_at
       from (select i.dead_letter_id from core.replay_batch_items i
             where i.batch_id = ${id} and i.state = 'replayed' and i.resolution is null
             order by i.replayed_at limit ${RESOLVE_PAGE}) i
       join core.dead_letters d on d.id = i.dead_letter_id
       cross join lateral (${outcomeOf()}) f`);
-    const [row] = rowsOf<{ succeeded: number; failed_again: number }>(result);
-    return { succeeded: row?.succeeded ?? 0, failedAgain: row?.failed_again ?? 0 };
+    const [row] = rowsOf<{
+      succeeded: number;
+      failed_again: number;
+      duplicates: number;
+      last_resolved_at: string | Date | null;
+    }>(result);
+    return {
+      succeeded: row?.succeeded ?? 0,
+      failedAgain: row?.failed_again ?? 0,
+      duplicates: row?.duplicates ?? 0,
+      lastResolvedAt: row?.last_resolved_at ? new Date(row.last_resolved_at) : null,
+    };
   }
 
   async #load(id: string): Promise<ReplayBatchRow> {
@@ -851,6 +911,15 @@ export class ReplayBatches {
 function outcomeOf() {
   return sql`
     select exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer) as succeeded,
+           -- A fence older than the replay's claim: the job's work had been done before it was replayed.
+           exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer
+                   and p.processed_at < d.status_changed_at) as duplicate,
+           (select max(t) from (select p.processed_at as t from core.processed_jobs p
+                                where p.job_id = d.job_id::uuid and p.consumer = d.consumer
+                                union all
+                                select n.created_at from core.dead_letters n
+                                where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
+                                  and n.created_at >= d.status_changed_at) r) as resolved_at,
            exists (select 1 from core.dead_letters n
                    where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
                      and n.created_at >= d.status_changed_at
