@@ -326,6 +326,7 @@ const BATCH_FIELDS = [
   "batchSize",
   "sampleSize",
   "maxFailureRate",
+  "maxDuplicateRate",
   "selected",
   "replayed",
   "skipped",
@@ -607,6 +608,11 @@ export function buildProgram(): Command {
     .option("--batch-size <n>", "replays between checks of the stop conditions", "50")
     .option("--sample <n>", "replay this many first; continue only if none fails again")
     .option("--max-failure-rate <fraction>", "pause above this share of failed-again replays", "0.2")
+    .option(
+      "--max-duplicate-rate <fraction>",
+      "pause above this share of replays whose job was already done (a wrong selection)",
+      "0.5",
+    )
     .option("--limit <n>", "at most this many letters (oldest first)")
     .option("--expires-in <minutes>", "the batch does not run after this", "1440")
     .action((o) =>
@@ -619,6 +625,7 @@ export function buildProgram(): Command {
           batchSize: "--batch-size",
           sampleSize: "--sample",
           maxFailureRate: "--max-failure-rate",
+          maxDuplicateRate: "--max-duplicate-rate",
           limit: "--limit",
           expiresInMinutes: "--expires-in",
           expiresAt: "--expires-in",
@@ -631,6 +638,7 @@ export function buildProgram(): Command {
           ratePerSecond: o.rate,
           batchSize: o.batchSize,
           maxFailureRate: o.maxFailureRate,
+          maxDuplicateRate: o.maxDuplicateRate,
           expiresInMinutes: o.expiresIn,
           ...(o.sample ? { sampleSize: o.sample } : {}),
           ...(o.limit ? { limit: o.limit } : {}),
