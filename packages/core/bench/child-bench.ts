@@ -16,7 +16,8 @@ export const CHILD_BENCHES: readonly ChildBench[] = [
   { name: "limits", file: "limits.bench.ts" },
   // Fan-out (#20): one tick over 100,000 tenants run twice at once; fanout_* keys.
   { name: "fanout", file: "fanout.bench.ts", nodeArgs: ["--expose-gc"] },
-  // Lanes (#20) go here once bench/lanes.bench.ts exists: { name: "lanes", file: "lanes.bench.ts" },
+  // Lanes (#20): a marketing stream and a 5,000-job transactional burst; lanes_* keys.
+  { name: "lanes", file: "lanes.bench.ts" },
   // The soak (#12 item 4): SOAK_JOBS jobs (default 1,000,000); soak_* keys. Last: it is the longest.
   { name: "soak", file: "soak.bench.ts", nodeArgs: ["--expose-gc"], skip: () => process.env["SOAK_JOBS"] === "0" },
 ];

@@ -4,8 +4,9 @@
  *   connection, a lock, a fence), the delivery yields — a deferral that spends
  *   no attempt and is never dead-lettered — while the channel's transactional
  *   backlog is above the consumer's `yieldAbove`. It comes back in a short,
- *   jittered while (not growing past YIELD_CAP_MS), so marketing resumes
- *   within about a second of the backlog falling. A backlog that cannot be
+ *   jittered while (not growing past YIELD_CAP_MS; longer, up to
+ *   YIELD_BACKLOG_CAP_MS, while the backlog is long enough to take that to
+ *   drain), so marketing resumes soon after the backlog falls. A backlog that cannot be
  *   read defers too: transactional priority is never given up on doubt.
  * - Transactional: a final outcome (success, duplicate, a dead letter) takes
  *   the job out of the backlog. That never changes the outcome; a removal that
@@ -17,9 +18,17 @@ import { withinMs } from "../timers.ts";
 import type { LaneBacklog } from "./backlog.ts";
 import { type Lane, parseLaneQueue } from "./names.ts";
 
-/** The first yield's wait, doubling with the job's deferrals up to YIELD_CAP_MS; each plus up to as much again of jitter. */
+/**
+ * The first yield's wait, doubling with the job's deferrals up to
+ * YIELD_CAP_MS — or, when the backlog is long, about the time it takes to
+ * drain (YIELD_MS_PER_JOB per job, up to YIELD_BACKLOG_CAP_MS) — each plus up
+ * to as much again of jitter. A long backlog is not polled by every waiting
+ * marketing job each second: that costs the transactional jobs CPU.
+ */
 export const YIELD_BASE_MS = 200;
 export const YIELD_CAP_MS = 1_000;
+export const YIELD_MS_PER_JOB = 1;
+export const YIELD_BACKLOG_CAP_MS = 5_000;
 
 export type LaneAdmission =
   | { readonly ok: true }
@@ -98,7 +107,8 @@ export class LaneGate {
       return { ok: false, yielded: false, error: `lane backlog unavailable: ${describeError(error)}` };
     }
     if (size <= this.#yieldAbove) return { ok: true };
-    const base = Math.min(YIELD_CAP_MS, YIELD_BASE_MS * 2 ** Math.min(Math.max(0, deferrals), 10));
+    const backoff = Math.min(YIELD_CAP_MS, YIELD_BASE_MS * 2 ** Math.min(Math.max(0, deferrals), 10));
+    const base = Math.max(backoff, Math.min(YIELD_BACKLOG_CAP_MS, size * YIELD_MS_PER_JOB));
     return {
       ok: false,
       yielded: true,

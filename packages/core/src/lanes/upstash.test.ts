@@ -105,7 +105,10 @@ describe("a marketing consumer with the Upstash backlog", () => {
     const bound = bindConsumer(consumer, { db: pg.db, logger: silentLogger, laneBacklog: backlog });
     const body = JSON.stringify(createEnvelope({ tenantId: "t", kind: "email.send.v1", data: { n: 1 } }));
     shim.down(true);
-    expect(await bound.deliver({ body, deliveryCount: 1 })).toMatchObject({ outcome: "deferred", spendsAttempt: false });
+    expect(await bound.deliver({ body, deliveryCount: 1 })).toMatchObject({
+      outcome: "deferred",
+      spendsAttempt: false,
+    });
     shim.down(false);
     shim.hang(true);
     expect(await bound.deliver({ body, deliveryCount: 1, deferrals: 1 })).toMatchObject({ outcome: "deferred" });

@@ -164,3 +164,24 @@ describe("memory queue", () => {
     await queue.close();
   });
 });
+
+describe("deliveries that do no I/O", () => {
+  test("a lane whose deliveries all yield at once, over and over, still lets timers and other work run (real clock)", async () => {
+    const queue = createMemoryQueue({ concurrency: 4 });
+    const yielded: DeliveryResult = {
+      outcome: "yielded",
+      ack: false,
+      retryAfterMs: 0,
+      spendsAttempt: false,
+      error: "yielded",
+    };
+    const { consumer, seen } = scripted("q", () => yielded);
+    queue.subscribe(consumer);
+    for (let i = 0; i < 20; i++) await queue.publish("q", job());
+    // Were each next delivery started inside the last one's settling, this
+    // timer would never fire: the chain of yields would hold the event loop.
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(seen.length).toBeGreaterThan(20);
+    await queue.close();
+  });
+});

@@ -102,9 +102,15 @@ export class DeliveryLoop {
       }, this.#stuckAfterMs);
       lease.stuckTimer.unref();
     }
+    // The next delivery starts on the next turn of the event loop, not in this
+    // one's settling callback: a run of deliveries that do no I/O (a yield, a
+    // rate-limit wait) would otherwise chain forever without ever letting
+    // timers, sockets or other lanes run.
     void run.finally(() => {
-      this.pump(subscription);
-      if (subscription.replays) this.pump(subscription.replays);
+      setImmediate(() => {
+        this.pump(subscription);
+        if (subscription.replays) this.pump(subscription.replays);
+      });
     });
   }
 
@@ -149,9 +155,12 @@ export class DeliveryLoop {
       return;
     }
     const now = this.#clock.now();
-    if (result.outcome === "retry" || result.outcome === "rate_limited" ||
+    if (
+      result.outcome === "retry" ||
+      result.outcome === "rate_limited" ||
       result.outcome === "yielded" ||
-      result.outcome === "deferred") {
+      result.outcome === "deferred"
+    ) {
       // A delay the transport cannot honour falls back to the visibility timeout.
       const delay =
         Number.isFinite(result.retryAfterMs) && result.retryAfterMs >= 0

@@ -7,6 +7,9 @@ import type { Clock } from "../../clock.ts";
 import { timerDelay } from "../../timers.ts";
 import { type Lease, type Subscription, waiting } from "./lanes.ts";
 
+/** The least time between two looks for the next due message (real clock). */
+const RESCAN_MS = 5;
+
 export class Wakeups {
   readonly #clock: Clock;
   readonly #lanes: () => Iterable<Subscription>;
@@ -15,6 +18,9 @@ export class Wakeups {
   readonly #pumpAll: () => void;
   readonly #idleWaiters = new Set<() => void>();
   #timer: NodeJS.Timeout | undefined;
+  /** When afterChange last looked for the next due time (performance.now()), and its pending look. */
+  #scannedAt = Number.NEGATIVE_INFINITY;
+  #rescan: NodeJS.Timeout | undefined;
 
   /**
    * @param lanes every subscription, the live ones and the replay lanes.
@@ -71,6 +77,8 @@ export class Wakeups {
   cancelTimer(): void {
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = undefined;
+    if (this.#rescan) clearTimeout(this.#rescan);
+    this.#rescan = undefined;
   }
 
   /** Lets every `drain()` waiting for the queue to go idle go on. */
@@ -115,6 +123,21 @@ export class Wakeups {
   afterChange(): void {
     if (!this.#busy()) this.wakeWaiters();
     if (this.#clock.onAdvance || this.#isClosed()) return;
+    // Finding the next due time looks at every held message: at most once per
+    // RESCAN_MS (a burst of deliveries, thousands of messages waiting, would
+    // otherwise scan them all after every delivery). A message coming due in
+    // between starts at most RESCAN_MS late; the pump after each delivery
+    // starts what is due anyway.
+    const sinceScan = performance.now() - this.#scannedAt;
+    if (sinceScan < RESCAN_MS) {
+      this.#rescan ??= setTimeout(() => {
+        this.#rescan = undefined;
+        this.afterChange();
+      }, RESCAN_MS - sinceScan);
+      this.#rescan.unref();
+      return;
+    }
+    this.#scannedAt = performance.now();
     const next = this.#nextWakeAt();
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = undefined;
