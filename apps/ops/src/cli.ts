@@ -53,6 +53,7 @@ import {
   json,
   nameFlags,
   ndjson,
+  ProgressLines,
   phaseOf,
   prettyPayload,
   type TableOptions,
@@ -731,16 +732,18 @@ async function runBatch(
   const before = await ops.batches.get(id).catch(() => undefined);
   const startedAt = Date.now();
   let startCount = before ? before.replayed + before.skipped : undefined;
+  // A bar on a terminal; otherwise a line now and then (a log file is not a terminal).
+  const terminal = process.stderr.isTTY === true;
   const bar =
-    o.progress && !o.json
+    o.progress && !o.json && terminal
       ? new SingleBar({
           format: "replay {bar} {value}/{total} | {rate}/s | ETA {etaText} | failed again {failedAgain} | {phase}",
           stream: process.stderr,
-          noTTYOutput: true,
-          notTTYSchedule: 1000,
           hideCursor: true,
         })
       : undefined;
+  const lines =
+    o.progress && !o.json && !terminal ? new ProgressLines((line) => process.stderr.write(`${line}\n`)) : undefined;
   let barStarted = false;
   const show = (b: BatchView) => {
     const done = b.replayed + b.skipped;
@@ -772,17 +775,18 @@ async function runBatch(
       );
       return;
     }
-    if (!bar) return;
+    if (!bar && !lines) return;
     const payload = {
       rate: rate.toFixed(1),
       etaText: etaSeconds < 1 ? "0s" : duration(etaSeconds * 1000),
       failedAgain: b.failedAgain,
       phase,
     };
-    if (!barStarted) {
-      bar.start(b.selected, done, payload);
+    if (lines) lines.update(b.selected, done, payload);
+    else if (!barStarted) {
+      bar?.start(b.selected, done, payload);
       barStarted = true;
-    } else bar.update(done, payload);
+    } else bar?.update(done, payload);
   };
   let running = true;
   const poll = (async () => {
@@ -801,6 +805,7 @@ async function runBatch(
     });
     running = false;
     bar?.stop();
+    lines?.finish();
     if (o.json) out(ndjson({ event: "result", batch: final }));
     else printBatch(final, o);
     if (final.status !== "completed") process.exitCode = EXIT.partial;

@@ -181,3 +181,51 @@ export function phaseOf(b: {
   }
   return `paced at ${b.ratePerSecond}/s`;
 }
+
+/**
+ * Progress when stderr is not a terminal (#21 item 8): a line when the run
+ * starts, then one every `everyMs` (10 s) or every `everyShare` (10 %) of the
+ * letters, whichever comes first, and the latest state at the end — not a
+ * line every second.
+ */
+export class ProgressLines {
+  readonly #write: (line: string) => void;
+  readonly #now: () => number;
+  readonly #everyMs: number;
+  readonly #everyShare: number;
+  #last: { at: number; done: number } | undefined;
+  #unwritten: string | undefined;
+
+  constructor(
+    write: (line: string) => void,
+    options: { now?: () => number; everyMs?: number; everyShare?: number } = {},
+  ) {
+    this.#write = write;
+    this.#now = options.now ?? Date.now;
+    this.#everyMs = options.everyMs ?? 10_000;
+    this.#everyShare = options.everyShare ?? 0.1;
+  }
+
+  update(total: number, done: number, p: { rate: string; etaText: string; failedAgain: number; phase: string }): void {
+    const line = `replay ${done}/${total} | ${p.rate}/s | ETA ${p.etaText} | failed again ${p.failedAgain} | ${p.phase}`;
+    const now = this.#now();
+    const last = this.#last;
+    if (
+      last === undefined ||
+      now - last.at >= this.#everyMs ||
+      done - last.done >= Math.max(1, total * this.#everyShare)
+    ) {
+      this.#write(line);
+      this.#last = { at: now, done };
+      this.#unwritten = undefined;
+    } else {
+      this.#unwritten = line;
+    }
+  }
+
+  /** The latest state, if the last update was not written. */
+  finish(): void {
+    if (this.#unwritten !== undefined) this.#write(this.#unwritten);
+    this.#unwritten = undefined;
+  }
+}

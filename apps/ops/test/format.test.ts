@@ -1,5 +1,5 @@
 import { describe, expect, test } from "vitest";
-import { age, duration, fields, nameFlags, phaseOf, prettyPayload, table } from "../src/format.ts";
+import { age, duration, fields, nameFlags, ProgressLines, phaseOf, prettyPayload, table } from "../src/format.ts";
 
 describe("readable output (#10 item 13)", () => {
   test.each([
@@ -78,5 +78,47 @@ describe("readable output (#10 item 13)", () => {
     expect(phaseOf({ ...batch, replayed: 3 })).toBe("paced at 25/s");
     expect(phaseOf({ ...batch, samplePassedAt: new Date(), replayed: 40 })).toBe("paced at 25/s");
     expect(phaseOf({ ...batch, status: "paused" })).toBe("paused");
+  });
+});
+
+describe("progress without a terminal (#21 item 8)", () => {
+  test("a line at the start, every 10 % or 10 s, and the latest at the end — not one a second", () => {
+    const lines: string[] = [];
+    let now = 0;
+    const progress = new ProgressLines((line) => lines.push(line), { now: () => now });
+    const payload = { rate: "1.0", etaText: "1m", failedAgain: 0, phase: "paced at 1/s" };
+    // 600 letters at 1/s, an update a second: 10 minutes.
+    for (let done = 0; done <= 600; done++) {
+      progress.update(600, done, payload);
+      now += 1_000;
+    }
+    progress.finish();
+    // Every 10 s (before 10 % = 60 letters): 61 lines, not 601.
+    expect(lines.length).toBe(61);
+    expect(lines[0]).toBe("replay 0/600 | 1.0/s | ETA 1m | failed again 0 | paced at 1/s");
+    expect(lines.at(-1)).toMatch(/^replay 600\/600 /);
+
+    const fast: string[] = [];
+    now = 0;
+    const quick = new ProgressLines((line) => fast.push(line), { now: () => now });
+    for (let done = 0; done <= 1_000; done += 5) {
+      quick.update(1_000, done, payload);
+      now += 50;
+    }
+    quick.finish();
+    // Every 10 % of the letters (100) within 10 s: the start, 10 steps, and no extra end line.
+    expect(fast.map((line) => line.split(" ")[1])).toEqual([
+      "0/1000",
+      "100/1000",
+      "200/1000",
+      "300/1000",
+      "400/1000",
+      "500/1000",
+      "600/1000",
+      "700/1000",
+      "800/1000",
+      "900/1000",
+      "1000/1000",
+    ]);
   });
 });
