@@ -13,8 +13,8 @@ import { z } from "zod";
 import { createMemoryQueue } from "../src/adapters/memory/index.ts";
 import { bindConsumer, defineConsumer } from "../src/consumer.ts";
 import { createEnvelope } from "../src/envelope.ts";
-import { countTransactional } from "../src/lanes/publish.ts";
 import { laneQueue } from "../src/lanes/names.ts";
+import { countTransactional } from "../src/lanes/publish.ts";
 import { upstashLaneBacklog } from "../src/lanes/upstash.ts";
 
 const [dbUrl, url, token, prefix, count] = process.argv.slice(2);
