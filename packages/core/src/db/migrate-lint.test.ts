@@ -4,7 +4,12 @@ import { describe, expect, test } from "vitest";
 import { coreMigrationsFolder } from "./migrate.ts";
 import { APPLIED_ESCAPES, lintMigration } from "./migrate-lint.ts";
 
-const folders = [coreMigrationsFolder, fileURLToPath(new URL("../../../../apps/loyalty/drizzle", import.meta.url))];
+const folders = [
+  coreMigrationsFolder,
+  ...["loyalty", "notifications"].map((app) =>
+    fileURLToPath(new URL(`../../../../apps/${app}/drizzle`, import.meta.url)),
+  ),
+];
 const files = folders.flatMap((folder) =>
   readdirSync(folder)
     .filter((name) => name.endsWith(".sql"))
