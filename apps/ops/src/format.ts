@@ -17,6 +17,14 @@ export interface TableOptions {
 /** Ids are what an operator copies into the next command: never cut. */
 export const KEEP_WHOLE = ["id", "batchId", "replayedFrom"];
 
+/**
+ * Free text (an error, a reason): such a column takes the slack — it is
+ * narrowed first, down to MIN_SLACK, before any other column loses a
+ * character (#21 item 9: queue names and classes stay whole, the error gives way).
+ */
+export const SLACK_COLUMNS = ["lastError", "error", "detail", "stopReason", "reason", "statusReason"];
+const MIN_SLACK = 24;
+
 /** The terminal's width: COLUMNS, else the TTY's, else 120 (a pipe or a file). */
 export function terminalWidth(): number {
   const fromEnv = Number(process.env["COLUMNS"]);
@@ -44,6 +52,7 @@ export function table(rows: Record<string, unknown>[], columns: string[], option
           widths,
           width,
           shown.map((c) => !keep.includes(c)),
+          shown.map((c) => SLACK_COLUMNS.includes(c)),
         )
       )
         break;
@@ -70,12 +79,17 @@ function naturalWidths(rows: Record<string, unknown>[], columns: string[]): numb
 }
 
 /**
- * Narrows the widest of the columns that may be cut, one character at a time,
- * until the row fits `width`; false when it cannot (every cuttable column is at its narrowest).
+ * Fits the row into `width`: first the free-text columns give way (down to
+ * MIN_SLACK), then the widest of the other columns that may be cut, one
+ * character at a time (down to MIN_COLUMN); false when it cannot.
  */
-function fitColumns(widths: number[], width: number, cuttable: boolean[]): boolean {
-  const total = () => widths.reduce((a, b) => a + b, 0) + GAP * (widths.length - 1);
-  while (total() > width) {
+function fitColumns(widths: number[], width: number, cuttable: boolean[], slack: boolean[]): boolean {
+  const over = () => widths.reduce((a, b) => a + b, 0) + GAP * (widths.length - 1) - width;
+  for (let i = 0; i < widths.length && over() > 0; i++) {
+    if (!cuttable[i] || !slack[i]) continue;
+    widths[i] = Math.max(Math.min(widths[i] as number, MIN_SLACK), (widths[i] as number) - over());
+  }
+  while (over() > 0) {
     let widest = -1;
     for (let i = 0; i < widths.length; i++) {
       if (cuttable[i] && (widest < 0 || (widths[i] as number) > (widths[widest] as number))) widest = i;
@@ -86,8 +100,16 @@ function fitColumns(widths: number[], width: number, cuttable: boolean[]): boole
   return true;
 }
 
+/**
+ * `value` in `width` characters: elided in the middle, so both ends stay
+ * (`loyalty.…-points`, the start and the end of an error); never an id (KEEP_WHOLE).
+ */
 function cut(value: string, width: number): string {
-  return value.length > width ? `${value.slice(0, Math.max(0, width - 1))}…` : value;
+  if (value.length <= width) return value;
+  if (width <= 1) return "…".slice(0, width);
+  const head = Math.ceil((width - 1) / 2);
+  const tail = width - 1 - head;
+  return `${value.slice(0, head)}…${tail > 0 ? value.slice(value.length - tail) : ""}`;
 }
 
 export function text(value: unknown): string {

@@ -122,3 +122,46 @@ describe("progress without a terminal (#21 item 8)", () => {
     ]);
   });
 });
+
+describe("tables sized by content (#21 item 9)", () => {
+  test("at 110 columns the error gives way: queue names, classes and ids stay whole; a cut keeps both ends", () => {
+    const rows = [
+      {
+        id: "01a22bed-d570-71be-8a14-720f35278901",
+        queue: "loyalty.award-points",
+        errorClass: "permanent",
+        lastError: `customer c-closed is closed: ${"detail ".repeat(30)}(SQLSTATE 23514)`,
+      },
+      {
+        id: "01a22bed-d570-71be-8a14-720f35278902",
+        queue: "loyalty.partner-notifications",
+        errorClass: "exhausted",
+        lastError: "ETIMEDOUT",
+      },
+    ];
+    const fitted = table(rows, ["id", "queue", "errorClass", "lastError"], { width: 110 });
+    for (const line of fitted.split("\n")) expect(line.length, line).toBeLessThanOrEqual(110);
+    for (const whole of [
+      "loyalty.award-points",
+      "loyalty.partner-notifications",
+      "permanent",
+      "exhausted",
+      "ETIMEDOUT",
+    ]) {
+      expect(fitted).toContain(whole);
+    }
+    expect(fitted).toMatch(/customer c-\S*…\S* 23514\)/);
+  });
+
+  test("when the error is at its narrowest, other columns are elided in the middle, never an id", () => {
+    const row = {
+      id: "01a22bed-d570-71be-8a14-720f35278901",
+      queue: "loyalty.award-points",
+      lastError: "e".repeat(80),
+    };
+    const fitted = table([row], ["id", "queue", "lastError"], { width: 76 });
+    for (const line of fitted.split("\n")) expect(line.length, line).toBeLessThanOrEqual(76);
+    expect(fitted).toContain(row.id);
+    expect(fitted).toMatch(/loyalty\.\S*…\S*points/);
+  });
+});
