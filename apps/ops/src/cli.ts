@@ -324,6 +324,8 @@ const BATCH_FIELDS = [
   "requestedBy",
   "approvedBy",
   "ratePerSecond",
+  "rateShare",
+  "rateFloor",
   "batchSize",
   "sampleSize",
   "maxFailureRate",
@@ -366,6 +368,17 @@ function humanBatch(batch: BatchView, now = Date.now()): Record<string, unknown>
 function printBatch(batch: BatchView, o: { json?: boolean; wide?: boolean }) {
   if (o.json) out(json(batch));
   else out(fields(humanBatch(batch), BATCH_FIELDS, view(o)));
+}
+
+/** `--rate 10` is 10 replays a second; `--rate 10%` paces at 10 % of live traffic, between --rate-floor and --rate-ceiling. */
+function rateOptions(o: { rate: string; rateFloor: string; rateCeiling: string }) {
+  const share = /^\s*([\d.]+)\s*%\s*$/.exec(o.rate);
+  if (!share) return { ratePerSecond: o.rate };
+  return {
+    rateShareOfLive: Number(share[1]) / 100,
+    rateFloorPerSecond: o.rateFloor,
+    ratePerSecond: o.rateCeiling,
+  };
 }
 
 const COMMON = (command: Command) =>
@@ -605,7 +618,12 @@ export function buildProgram(): Command {
 
   COMMON(filterOptions(batch.command("create").description("select pending letters into a replay batch")))
     .requiredOption("--reason <text>", "why (recorded)")
-    .requiredOption("--rate <perSecond>", "replays per second")
+    .requiredOption(
+      "--rate <perSecond|share%>",
+      "replays per second, or a share of the consumers' live throughput (10%), re-measured at every chunk",
+    )
+    .option("--rate-floor <perSecond>", "with --rate N%: the paced rate's floor", "0.1")
+    .option("--rate-ceiling <perSecond>", "with --rate N%: the paced rate's ceiling", "50")
     .option("--batch-size <n>", "replays between checks of the stop conditions", "50")
     .option("--sample <n>", "replay this many first; continue only if none fails again")
     .option("--max-failure-rate <fraction>", "pause above this share of failed-again replays", "0.2")
@@ -623,6 +641,8 @@ export function buildProgram(): Command {
           ...flagsInUse,
           reason: "--reason",
           ratePerSecond: "--rate",
+          rateShareOfLive: "--rate",
+          rateFloorPerSecond: "--rate-floor",
           batchSize: "--batch-size",
           sampleSize: "--sample",
           maxFailureRate: "--max-failure-rate",
@@ -636,7 +656,7 @@ export function buildProgram(): Command {
           filter,
           operator,
           reason: o.reason,
-          ratePerSecond: o.rate,
+          ...rateOptions(o),
           batchSize: o.batchSize,
           maxFailureRate: o.maxFailureRate,
           maxDuplicateRate: o.maxDuplicateRate,

@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import { createEnvelope } from "@softcrum/core";
 import { createLoyaltyModule } from "@softcrum/example-loyalty/composition-root";
@@ -458,5 +459,28 @@ describe("pnpm ops, end to end on a real database", () => {
       { operator: string }[]
     >`select operator from core.ops_audit where operator in ('old', 'recent')`;
     expect(left).toEqual([{ operator: "recent" }]);
+  });
+
+  test("--rate 10% paces a batch at a share of live traffic between --rate-floor and --rate-ceiling (#21 item 5)", async () => {
+    const envelope = createEnvelope({
+      tenantId: "acme",
+      kind: "points.award.v1",
+      data: { customerId: "c-share", points: 1, reason: "x" },
+    });
+    const letterId = randomUUID();
+    await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+      values (${letterId}, ${envelope.job_id}, 'loyalty.points', 'loyalty.award-points', ${JSON.stringify(envelope)}, 5, 'e', 'expired')`;
+    const shared = await opsJson(
+      ["batch", "create", "--class", "expired", "--reason", "paced by live", "--rate", "10%", "--rate-floor", "0.5"],
+      as(ANA),
+    );
+    expect(shared).toMatchObject({ rateShare: 0.1, rateFloor: 0.5, ratePerSecond: 50 });
+    const bad = await ops(
+      ["batch", "create", "--class", "expired", "--reason", "x", "--rate", "10%", "--rate-floor", "60"],
+      as(ANA),
+    );
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/--rate-floor/);
+    await ops(["batch", "stop", shared.id, "--reason", "test over"], as(ANA));
   });
 });

@@ -254,7 +254,16 @@ export const replayBatches = core.table(
     reason: text("reason").notNull(),
     approvedBy: text("approved_by"),
     approvedAt: timestamp("approved_at", { withTimezone: true }),
+    /** Replays per second; with `rateShare`, the ceiling of the paced rate. */
     ratePerSecond: doublePrecision("rate_per_second").notNull(),
+    /**
+     * Pacing as a share of the consumers' live throughput (#21 item 5): the
+     * rate is this share of the fences they wrote over the last minute
+     * (replays' own left out), between `rateFloor` and `ratePerSecond`,
+     * re-evaluated at every chunk. Null: the fixed `ratePerSecond`.
+     */
+    rateShare: doublePrecision("rate_share"),
+    rateFloor: doublePrecision("rate_floor"),
     batchSize: integer("batch_size").notNull(),
     sampleSize: integer("sample_size"),
     maxFailureRate: doublePrecision("max_failure_rate").notNull(),
@@ -296,6 +305,10 @@ export const replayBatches = core.table(
     check("replay_batches_requester_given", sql`btrim(${t.requestedBy}) <> ''`),
     check("replay_batches_approver_not_requester", sql`${t.approvedBy} is null or ${t.approvedBy} <> ${t.requestedBy}`),
     check("replay_batches_rate_positive", sql`${t.ratePerSecond} > 0`),
+    check(
+      "replay_batches_rate_share_range",
+      sql`(${t.rateShare} is null and ${t.rateFloor} is null) or (${t.rateShare} > 0 and ${t.rateShare} <= 1 and ${t.rateFloor} > 0 and ${t.rateFloor} <= ${t.ratePerSecond})`,
+    ),
     check("replay_batches_batch_size_positive", sql`${t.batchSize} > 0`),
     check("replay_batches_sample_size_positive", sql`${t.sampleSize} is null or ${t.sampleSize} > 0`),
     check("replay_batches_failure_rate_range", sql`${t.maxFailureRate} > 0 and ${t.maxFailureRate} <= 1`),

@@ -18,6 +18,7 @@ import { createEnvelope } from "../envelope.ts";
 import { isSoftcrumError } from "../errors.ts";
 import { sleep } from "../timers.ts";
 import { createOps, type Ops } from "./index.ts";
+import { liveRatePerSecond, pacedRate } from "./pacing.ts";
 
 const pg = useTestDatabase("batch-controls");
 const QUEUE = "controls.points";
@@ -255,5 +256,73 @@ describe("duplicates and the recovery proof (#21 items 5 and 7)", () => {
     expect(view).toMatchObject({ status: "completed", succeeded: 4, duplicates: 0, failedAgain: 0, unresolved: 0 });
     expect(view.recovered).toBe(true);
     expect(view.timeToRecoveryMs).toBeGreaterThanOrEqual(0);
+  });
+});
+
+describe("pacing as a share of live traffic (#21 item 5)", () => {
+  /** `n` live fences of `consumerName`, spread over the last `seconds` (database time). */
+  const liveFences = (consumerName: string, n: number, seconds: number) =>
+    pg.sql`insert into core.processed_jobs (job_id, consumer, processed_at)
+      select gen_random_uuid(), ${consumerName}, now() - make_interval(secs => ${seconds} * g / ${n}::float8)
+      from generate_series(1, ${n}) g`;
+
+  test("the live rate counts the consumers' fences of the last minute, not other consumers', not replays'", async () => {
+    await liveFences(CONSUMER, 600, 55); // 10/s
+    await liveFences("controls.other", 6_000, 55);
+    await liveFences(CONSUMER, 300, 3_600); // spread over an hour: ~5 in the window
+    const live = await liveRatePerSecond(pg.db, [CONSUMER]);
+    expect(live).toBeGreaterThan(9.9);
+    expect(live).toBeLessThan(10.5);
+    expect(await liveRatePerSecond(pg.db, [])).toBe(0);
+    expect(pacedRate(0.1, 10, 0.5, 100)).toBe(1);
+    expect(pacedRate(0.1, 1, 0.5, 100)).toBe(0.5);
+    expect(pacedRate(0.5, 1_000, 0.5, 100)).toBe(100);
+  });
+
+  test("a batch at 50 % of a 10/s consumer paces at about 5/s, re-measured at every chunk; with no live traffic, at its floor", async () => {
+    await pendingLetters(6);
+    await liveFences(CONSUMER, 600, 55);
+    const paced: number[] = [];
+    const batch = await ops.batches.create({
+      operator: "ana",
+      reason: "x",
+      ratePerSecond: 50,
+      rateShareOfLive: 0.5,
+      rateFloorPerSecond: 0.2,
+      batchSize: 2,
+    });
+    expect(batch).toMatchObject({ rateShare: 0.5, rateFloor: 0.2, ratePerSecond: 50 });
+    const view = await ops.batches.run(batch.id, { operator: "ana", onProgress: (p) => paced.push(p.pacedPerSecond) });
+    expect(view.status).toBe("completed");
+    expect(paced.length).toBeGreaterThanOrEqual(3);
+    for (const rate of paced) {
+      expect(rate).toBeGreaterThan(4.5);
+      expect(rate).toBeLessThanOrEqual(5.3);
+    }
+
+    await pg.sql`truncate core.processed_jobs`;
+    await pendingLetters(1);
+    const idle: number[] = [];
+    const quiet = await ops.batches.create({ operator: "ana", reason: "y", ratePerSecond: 50, rateShareOfLive: 0.5 });
+    await ops.batches.run(quiet.id, {
+      operator: "ana",
+      maxDurationMs: 100,
+      onProgress: (p) => idle.push(p.pacedPerSecond),
+    });
+    expect(idle.length).toBeGreaterThanOrEqual(1);
+    expect(idle.every((rate) => rate === 0.1)).toBe(true);
+  });
+
+  test("a floor without a share, or a floor above the ceiling, is INVALID_INPUT", async () => {
+    await pendingLetters(1);
+    for (const input of [
+      { ratePerSecond: 5, rateFloorPerSecond: 1 },
+      { ratePerSecond: 5, rateShareOfLive: 0.1, rateFloorPerSecond: 10 },
+      { ratePerSecond: 5, rateShareOfLive: 1.5 },
+    ]) {
+      expect((await refusal(ops.batches.create({ operator: "ana", reason: "x", ...input }))).code).toBe(
+        "INVALID_INPUT",
+      );
+    }
   });
 });

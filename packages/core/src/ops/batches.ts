@@ -37,6 +37,7 @@ import {
   operatorName,
   rowsOf,
 } from "./operations.ts";
+import { batchConsumers, liveRatePerSecond, pacedRate } from "./pacing.ts";
 import { markAudited } from "./refusals.ts";
 
 export interface BatchPolicy {
@@ -86,13 +87,21 @@ export const MIN_RATE_PER_SECOND = 0.001;
 export const MAX_RATE_PER_SECOND = 1000;
 export const MAX_BATCH_LETTERS = 100_000;
 export const DEFAULT_MAX_DUPLICATE_RATE = 0.5;
+export const DEFAULT_RATE_FLOOR_PER_SECOND = 0.1;
 
 const createSchema = z.strictObject({
   filter: deadLetterFilterSchema.default({}),
   operator: operatorSchema,
   reason: reasonSchema,
-  /** Replays per second, this batch's own capacity, apart from live traffic: from one per 1,000 s to 1,000/s. */
+  /**
+   * Replays per second, this batch's own capacity, apart from live traffic:
+   * from one per 1,000 s to 1,000/s. With `rateShareOfLive`, the ceiling.
+   */
   ratePerSecond: z.coerce.number().min(MIN_RATE_PER_SECOND).max(MAX_RATE_PER_SECOND),
+  /** Pace the batch at this share of its consumers' live throughput (0.1: 10 %), between `rateFloorPerSecond` and `ratePerSecond`. */
+  rateShareOfLive: z.coerce.number().gt(0).max(1).optional(),
+  /** The paced rate's floor. @default 0.1 per second (or `ratePerSecond` if lower) */
+  rateFloorPerSecond: z.coerce.number().min(MIN_RATE_PER_SECOND).max(MAX_RATE_PER_SECOND).optional(),
   /** Letters replayed between two checks of the stop conditions. */
   batchSize: z.coerce.number().int().positive().max(10_000).default(50),
   /** Replay this many first and continue only if none of them fails again. */
@@ -137,6 +146,8 @@ export interface BatchView extends ReplayBatchRow {
 
 export interface BatchProgress {
   readonly batch: BatchView;
+  /** The rate the runner paces at now: the batch's fixed rate, or its share of live traffic within its floor and ceiling. */
+  readonly pacedPerSecond: number;
   /** Replays per second over this run. */
   readonly rate: number;
   /** Seconds left at the batch's rate limit. */
@@ -182,6 +193,19 @@ export class ReplayBatches {
       const now = this.#now();
       const expiresAt = parsed.expiresAt ?? new Date(now.getTime() + (parsed.expiresInMinutes ?? 24 * 60) * 60_000);
       if (expiresAt <= now) throw new OpsError("INVALID_INPUT", "invalid batch: expiresAt is in the past");
+      if (parsed.rateFloorPerSecond !== undefined && parsed.rateShareOfLive === undefined) {
+        throw new OpsError(
+          "INVALID_INPUT",
+          "invalid batch: rateFloorPerSecond is for a batch paced by rateShareOfLive",
+        );
+      }
+      const rateFloor =
+        parsed.rateShareOfLive === undefined
+          ? null
+          : (parsed.rateFloorPerSecond ?? Math.min(DEFAULT_RATE_FLOOR_PER_SECOND, parsed.ratePerSecond));
+      if (rateFloor !== null && rateFloor > parsed.ratePerSecond) {
+        throw new OpsError("INVALID_INPUT", "invalid batch: rateFloorPerSecond is above ratePerSecond (the ceiling)");
+      }
       if (expiresAt.getTime() > now.getTime() + MAX_BATCH_LIFETIME_MS) {
         throw new OpsError(
           "INVALID_INPUT",
@@ -217,6 +241,8 @@ export class ReplayBatches {
           requestedBy: parsed.operator,
           reason: parsed.reason,
           ratePerSecond: parsed.ratePerSecond,
+          rateShare: parsed.rateShareOfLive ?? null,
+          rateFloor,
           batchSize: parsed.batchSize,
           sampleSize: parsed.sampleSize ?? null,
           maxFailureRate: parsed.maxFailureRate,
@@ -513,7 +539,16 @@ export class ReplayBatches {
       }
     };
 
-    const intervalMs = 1000 / first.ratePerSecond;
+    // Paced by a share of live traffic: measured now and again at every chunk.
+    const pacedByShare = first.rateShare !== null && first.rateFloor !== null;
+    const consumers = pacedByShare ? await batchConsumers(this.#db, id) : [];
+    const pace = async (): Promise<number> => {
+      if (!pacedByShare) return first.ratePerSecond;
+      const live = await liveRatePerSecond(this.#db, consumers);
+      return pacedRate(first.rateShare as number, live, first.rateFloor as number, first.ratePerSecond);
+    };
+    let pacedPerSecond = await pace();
+    let intervalMs = 1000 / pacedPerSecond;
     // The next replay's earliest time, on a fixed schedule: a runner that fell
     // behind by its own bookkeeping (a chunk's queries, at most CATCH_UP_MS)
     // catches up, so the batch keeps its rate on average; waiting (for a
@@ -523,7 +558,12 @@ export class ReplayBatches {
       if (!options.onProgress) return;
       const batch = await this.get(id);
       const elapsed = Math.max(1, clock.now() - startedAt) / 1000;
-      options.onProgress({ batch, rate: published / elapsed, etaSeconds: batch.pending / first.ratePerSecond });
+      options.onProgress({
+        batch,
+        rate: published / elapsed,
+        etaSeconds: batch.pending / pacedPerSecond,
+        pacedPerSecond,
+      });
     };
 
     /** What the latest check of the lease said (the lease was just taken: this runner's). */
@@ -708,6 +748,11 @@ export class ReplayBatches {
         // one's wait is caught up afterwards: CATCH_UP_MS).
         await drain();
         if (stopped || halted || !lastMine) continue; // the top of the loop pauses, ends, or sees the batch is no longer ours
+        if (pacedByShare) {
+          // A failed measurement keeps the last pace; the next chunk measures again.
+          pacedPerSecond = await pace().catch(() => pacedPerSecond);
+          intervalMs = 1000 / pacedPerSecond;
+        }
         await progress();
         checking ??= check(batch.maxFailureRate, inSample).finally(() => {
           checking = undefined;
