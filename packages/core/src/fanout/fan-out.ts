@@ -12,7 +12,13 @@ import { describeError, InvalidConfigError } from "../errors.ts";
 import { isStored, type QueuePort } from "../queue-port.ts";
 import { fanOutJobId } from "./job-id.ts";
 
-/** The next page of tenant ids after `after` (null: from the first), in a stable order, at most `limit`; fewer ends the run. */
+/**
+ * The next page of tenant ids after `after` (null: from the first), at most
+ * `limit`; fewer ends the run. Ascending in JavaScript's string order (code
+ * units), which `fanOut` checks page by page: in Postgres, order by a column
+ * collated "C" (a locale collation such as en_US sorts differently, and a
+ * page would seem to go backwards).
+ */
 export type TenantSource = (page: {
   readonly tick: Date;
   readonly after: string | null;
