@@ -23,7 +23,7 @@
  * fan-out with a one-element tenant source (`platformOnly`), so a retried
  * cron is a no-op through the fence like every other tick.
  */
-import { type AnyPgDatabase, type FanOutReport, type FanOutTask, fanOut, type QueuePort } from "@softcrum/core";
+import { type AnyPgDatabase, type FanOutReport, type FanOutTask, type QueuePort, runFanOutTick } from "@softcrum/core";
 import { everyTenant, platformOnly, tenantsDueAt } from "./tenants.ts";
 
 const MINUTE = 60_000;
@@ -89,15 +89,6 @@ export function loyaltyRecurringTasks(db: AnyPgDatabase): FanOutTask[] {
   }));
 }
 
-/** One tick of a task, e.g. a tick the worker missed while it was down, replayed by hand. */
-export function runRecurringTick(task: FanOutTask, queue: QueuePort, tick: Date): Promise<FanOutReport> {
-  return fanOut({
-    queue,
-    queueName: task.queueName,
-    kind: task.kind,
-    tick,
-    tenants: task.tenants,
-    ...(task.data ? { data: task.data } : {}),
-    ...(task.pageSize !== undefined ? { pageSize: task.pageSize } : {}),
-  });
-}
+/** One tick of a task, e.g. a tick the worker missed while it was down, replayed by hand (core's runFanOutTick). */
+export const runRecurringTick: (task: FanOutTask, queue: QueuePort, tick: Date) => Promise<FanOutReport> =
+  runFanOutTick;

@@ -18,7 +18,7 @@
  *    cleanup's TTL, or Resend's 24 h idempotency window — sends nothing twice.
  *    Publishing is bounded by `concurrency`, not by the audience.
  */
-import { type AnyPgDatabase, createEnvelope, describeError, type QueuePort } from "@softcrum/core";
+import { type AnyPgDatabase, createEnvelope, describeError, isStored, type QueuePort } from "@softcrum/core";
 import { eq, sql } from "drizzle-orm";
 import { z } from "zod";
 import { type BlastChunk, MAX_CHUNK_SIZE } from "./blast-chunk.ts";
@@ -142,7 +142,7 @@ export async function startBlast(
       for (let attempt = 1; ; attempt++) {
         // The same envelope every time: a copy stored after all is a duplicate the fence absorbs.
         const receipt = await deps.queue.publish(EMAIL_MARKETING_QUEUE, envelope);
-        if (typeof receipt?.stored === "boolean" ? receipt.stored : receipt?.messageId != null) {
+        if (isStored(receipt)) {
           published += 1;
           return;
         }

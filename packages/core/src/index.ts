@@ -77,6 +77,7 @@ export {
   fanOut,
   fanOutCronRoute,
   fanOutJobId,
+  runFanOutTick,
   scheduleFanOut,
   TIERS,
   tickAt,
@@ -118,7 +119,7 @@ export type {
   ReplayLanePort,
   TransportHolds,
 } from "./queue-port.ts";
-export { checkDeliveryBound } from "./queue-port.ts";
+export { checkDeliveryBound, isStored } from "./queue-port.ts";
 export type { DeferralBackoff, RetryPolicy } from "./retry.ts";
 export {
   DEFAULT_DEFERRAL_HORIZON_MS,

@@ -46,7 +46,8 @@ function checkTask(task: FanOutTask): void {
   if (task.everyMs < 1_000) throw new InvalidConfigError(`fan-out task ${task.name}: everyMs must be at least 1000`);
 }
 
-const run = (task: FanOutTask, queue: QueuePort, tick: Date) =>
+/** One tick of `task`: what the cron route and the schedule loop run, and what a tick missed while nothing ran is run by hand with. */
+export const runFanOutTick = (task: FanOutTask, queue: QueuePort, tick: Date): Promise<FanOutReport> =>
   fanOut({
     queue,
     queueName: task.queueName,
@@ -107,7 +108,7 @@ export function fanOutCronRoute(options: {
     const tick = tickAt(clock.now(), task.everyMs);
     let report: FanOutReport;
     try {
-      report = await run(task, queue, tick);
+      report = await runFanOutTick(task, queue, tick);
     } catch (error) {
       await audit("error", { tick: tick.toISOString() }, describeError(error));
       return Response.json({ error: describeError(error) }, { status: 500 });
@@ -149,7 +150,7 @@ export function scheduleFanOut(
       const tick = new Date(next);
       next += task.everyMs;
       try {
-        const report = await run(task, options.queue, tick);
+        const report = await runFanOutTick(task, options.queue, tick);
         try {
           options.onRun?.(report);
         } catch {}
