@@ -269,7 +269,7 @@ describe.each(matrix)("on %s", (c) => {
           await sleep(50);
           const builder = tx.insert(effects).values(row("builder"));
           const prepared = tx.insert(effects).values(row("prepared")).prepare("contract_late_insert");
-          await sleep(350); // past timeoutMs: the run is over
+          await sleep(1_150); // past timeoutMs: the run is over
           late = Promise.all(
             [() => kept?.insert(effects).values(row("savepoint")), () => builder, () => prepared.execute()].map(
               (write) =>
@@ -283,7 +283,8 @@ describe.each(matrix)("on %s", (c) => {
           );
           release();
         },
-        { timeoutMs: 200 },
+        // Room for BEGIN, the lock and the fence on a loaded machine: the handler must start (retry, not deferred).
+        { timeoutMs: 1_000 },
       );
       const bound = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
       const e = job(11);
