@@ -8,170 +8,47 @@
  * `ReplayTransport` (routes.ts) onto the consumer's replay lane; a letter it
  * cannot route is refused and stays pending.
  */
-import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, lt, type SQL, sql } from "drizzle-orm";
+import { and, asc, desc, eq, getTableColumns, gt, inArray, lt, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { z } from "zod";
 import { type Clock, systemClock } from "../clock.ts";
-import { type DeadLetterRow, deadLetterPayloads, deadLetters, opsAudit } from "../db/schema.ts";
+import { deadLetterPayloads, deadLetters, opsAudit } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
-import { checkEnvelope, type Envelope } from "../envelope.ts";
-import { describeError, InvalidConfigError, isSoftcrumError, OpsError } from "../errors.ts";
-import { isStored, type QueuePort, type ReplayLanePort } from "../queue-port.ts";
-import { withinMs } from "../timers.ts";
+import { describeError, InvalidConfigError, OpsError } from "../errors.ts";
 import {
   type DeadLetterFilter,
   deadLetterFilterSchema,
   idListSchema,
   operatorSchema,
-  type ParsedFilter,
   parseInput,
   reasonSchema,
 } from "./filters.ts";
+import {
+  actedOnNothing,
+  decodePayload,
+  filterConditions,
+  formatWindow,
+  operatorName,
+  rowsOf,
+  summarize,
+} from "./ops-helpers.ts";
+import {
+  type ActionOutcome,
+  type ActionReport,
+  type AuditEntry,
+  type DeadLetterDetail,
+  type DeadLetterSummary,
+  HISTORY_IN_DETAIL,
+  MIN_AUDIT_RETENTION_DAYS,
+  noopOpsMetrics,
+  type OpsDeps,
+  type OpsMetricsPort,
+  type Page,
+  type ReplayFailure,
+} from "./ops-types.ts";
 import { markAudited } from "./refusals.ts";
-import { type ReplayRoute, type ReplayTransport, replayTransportFor } from "./routes.ts";
-
-/** Where replay and failed-again counts go (OpenTelemetry in production). */
-export interface OpsMetricsPort {
-  /** One letter republished. */
-  replayed(attributes: { readonly queue: string; readonly consumer: string }): void;
-  /** Jobs replayed by a batch that failed again, as the batch runner finds them. */
-  failedAgain(count: number): void;
-}
-export const noopOpsMetrics: OpsMetricsPort = { replayed() {}, failedAgain() {} };
-
-export interface OpsDeps {
-  readonly db: AnyPgDatabase;
-  /**
-   * Where replays are published: the platform transport with the routes it
-   * delivers (see routes.ts). Give this, or `queue`.
-   */
-  readonly replay?: ReplayTransport;
-  /**
-   * A queue adapter to publish replays through, on its replay lane: the
-   * in-process adapter routes to the consumers subscribed to it; any other
-   * needs `routes`. Ignored when `replay` is given.
-   */
-  readonly queue?: QueuePort & Partial<ReplayLanePort>;
-  /** With `queue`: the registry of routes modules contributed. @default what an in-process queue has subscribed; none otherwise */
-  readonly routes?: readonly ReplayRoute[];
-  /**
-   * Most letters one requester may replay without a second operator's
-   * approval over `approvalWindowMs`: direct replays and unapproved batches
-   * together (SPEC §5). @default 100
-   */
-  readonly approvalThreshold?: number;
-  /** The rolling window of `approvalThreshold`. @default 86_400_000 (24 h) */
-  readonly approvalWindowMs?: number;
-  /** @default no metrics */
-  readonly metrics?: OpsMetricsPort;
-  /** @default the system clock */
-  readonly clock?: Clock;
-  /** Most letters one direct `replay()` call may take; more need a batch. @default 100 */
-  readonly maxDirectReplay?: number;
-  /**
-   * Longest one replay's publish may take (the letter's row is locked while
-   * it runs): no answer in time is not stored, the replay rolls back and the
-   * letter stays pending (a copy stored after all finds it pending and does
-   * not run). @default 10_000
-   */
-  readonly publishTimeoutMs?: number;
-}
-
-export type DeadLetterSummary = Omit<DeadLetterRow, "payload">;
-
-export interface Page<T> {
-  readonly items: T[];
-  /** Pass back as `cursor` for the next page; null on the last one. */
-  readonly nextCursor: string | null;
-}
-
-export interface DeadLetterDetail extends DeadLetterRow {
-  /** The payload decoded as text (base64 payloads decoded), and as an envelope when it is one. */
-  readonly payloadText: string;
-  readonly envelope: Envelope | null;
-  /** Other dead letters of the same job and consumer: earlier failures and failures after replays. */
-  readonly related: DeadLetterSummary[];
-  /**
-   * Copies of this job that arrived with other bytes than `payload` while the
-   * letter was pending (`core.dead_letter_payloads`), first seen first: each
-   * distinct payload's evidence, exactly as received.
-   */
-  readonly otherPayloads: OtherPayload[];
-  /** Audit entries that name this letter or its batch, oldest first: the first `HISTORY_IN_DETAIL` of them. */
-  readonly history: AuditEntry[];
-  /** Pass to `history(id, { cursor })` for the entries after these; null when these are all. */
-  readonly historyNextCursor: string | null;
-}
-
-/** One other payload of a letter (`core.dead_letter_payloads`). */
-export interface OtherPayload {
-  readonly payloadSha256: string;
-  readonly payload: string;
-  readonly payloadEncoding: string;
-  /** The payload decoded as text (base64 payloads decoded). */
-  readonly payloadText: string;
-  readonly lastError: string;
-  readonly occurrences: number;
-  readonly firstSeenAt: Date;
-  readonly lastSeenAt: Date;
-}
-
-/** One entry of `core.ops_audit`, as a letter's history shows it. */
-export interface AuditEntry {
-  readonly id: string;
-  readonly at: Date;
-  readonly operator: string;
-  readonly action: string;
-  readonly result: string;
-  readonly detail: string | null;
-}
-
-/** A letter created after a replay of its job and consumer: the replayed job failed again. */
-export interface ReplayFailure extends DeadLetterSummary {
-  /** The replayed letter whose replay this failure followed (the latest replay before it). */
-  readonly replayedFrom: string;
-  /** The batch that replayed it; null for a direct replay. */
-  readonly batchId: string | null;
-}
-
-/** History entries `get` includes; the rest through `history()`. */
-export const HISTORY_IN_DETAIL = 100;
-/** Audit entries younger than this are never pruned, whatever the retention asked. */
-export const MIN_AUDIT_RETENTION_DAYS = 30;
-/** The audit retention of `pnpm ops audit prune` when none is given. */
-export const DEFAULT_AUDIT_RETENTION_DAYS = 400;
-
-/** Per id, what an action did. */
-/** What a batch runner's claim is checked against (`replayOne`'s `guard`). */
-export interface BatchClaimGuard {
-  /** The runner that must hold the batch's lease. */
-  readonly runner: string;
-  /** The clock time (ms) after which this run claims nothing (its `maxDurationMs`); null for none. */
-  readonly deadline: number | null;
-}
-
-/** Why a batch's claim was refused: its state, its expiry, the run's deadline, or the two-person rule. */
-export interface BatchHalt {
-  readonly cause: "state" | "expired" | "deadline" | "needs_approval";
-  readonly reason: string;
-}
-
-/** The longest a replay batch may live (`expiresAt`): 30 days. */
-export const MAX_BATCH_LIFETIME_MS = 30 * 86_400_000;
-
-export type ActionOutcome =
-  | "discarded"
-  | "replayed"
-  | "not_found"
-  | "not_pending"
-  | "not_replayable"
-  | "not_routable"
-  | "needs_approval"
-  | "failed";
-export interface ActionReport {
-  readonly results: { readonly id: string; readonly outcome: ActionOutcome; readonly detail?: string }[];
-  readonly counts: Partial<Record<ActionOutcome, number>>;
-}
+import * as claim from "./replay-claim.ts";
+import { type ReplayTransport, replayTransportFor } from "./routes.ts";
 
 const pageSchema = z.strictObject({
   limit: z.coerce.number().int().min(1).max(500).default(50),
@@ -221,39 +98,6 @@ const summaryColumns = (() => {
   const { payload: _payload, ...rest } = getTableColumns(deadLetters);
   return rest;
 })();
-
-/** The filter as SQL conditions. */
-export function filterConditions(filter: ParsedFilter): SQL[] {
-  const c: SQL[] = [];
-  if (filter.queue) c.push(eq(deadLetters.queue, filter.queue));
-  if (filter.consumer) c.push(eq(deadLetters.consumer, filter.consumer));
-  if (filter.tenantId) c.push(eq(deadLetters.tenantId, filter.tenantId));
-  if (filter.kind) c.push(eq(deadLetters.kind, filter.kind));
-  if (filter.errorClass) c.push(eq(deadLetters.errorClass, filter.errorClass));
-  if (filter.status) c.push(eq(deadLetters.status, filter.status));
-  if (filter.createdAfter) c.push(gte(deadLetters.createdAt, filter.createdAfter));
-  if (filter.createdBefore) c.push(lt(deadLetters.createdAt, filter.createdBefore));
-  return c;
-}
-
-/** Decodes a stored payload and reads it as an envelope, if it is one. */
-export function decodePayload(row: Pick<DeadLetterRow, "payload" | "payloadEncoding">): {
-  text: string;
-  envelope: Envelope | null;
-  problem?: string;
-} {
-  const text = row.payloadEncoding === "base64" ? Buffer.from(row.payload, "base64").toString("utf8") : row.payload;
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    return { text, envelope: null, problem: "the payload is not JSON" };
-  }
-  const check = checkEnvelope(value);
-  return check.ok
-    ? { text, envelope: check.envelope }
-    : { text, envelope: null, problem: `not an envelope: ${check.issues.join("; ")}` };
-}
 
 export class DeadLetterOperations {
   readonly db: AnyPgDatabase;
@@ -509,250 +353,32 @@ export class DeadLetterOperations {
 
   /**
    * What `operator` replayed without a second operator over the approval
-   * window (`approvalWindowMs`): letters they replayed directly, and the
-   * letters of batches they requested that nobody approved (what a finished
-   * batch replayed; what one still to run selected). Index scans
-   * (dead_letters_direct_replays_idx, replay_batches_requester_idx).
+   * window (`approvalWindowMs`); see replay-claim.ts.
    */
-  async replayedWithoutApproval(
+  replayedWithoutApproval(
     operator: string,
     db: Pick<AnyPgDatabase, "execute"> = this.db,
     count: "published" | "published_and_queued" = "published_and_queued",
   ): Promise<number> {
-    const since = new Date(this.clock.now() - this.approvalWindowMs).toISOString();
-    // Replays count when they happen (#21 item 4), whenever their batch was
-    // made: a batch lives up to MAX_BATCH_LIFETIME, so its letters are looked
-    // for among the batches made that long before the window.
-    const batchesSince = new Date(this.clock.now() - this.approvalWindowMs - MAX_BATCH_LIFETIME_MS).toISOString();
-    const queued =
-      count === "published"
-        ? sql`0`
-        : sql`(select coalesce(sum(greatest(selected - replayed - skipped, 0)), 0)::int
-              from core.replay_batches
-              where requested_by = ${operator} and approved_by is null
-                and status in ('ready', 'running', 'paused'))`;
-    const result = await db.execute(sql`
-      select (select count(*)::int from core.dead_letters
-              where status = 'replayed' and replay_batch_id is null
-                and status_changed_by = ${operator} and status_changed_at >= ${since}::timestamptz)
-           + (select count(*)::int
-              from core.replay_batches b
-              join core.dead_letters d on d.replay_batch_id = b.id and d.status = 'replayed'
-              where b.requested_by = ${operator} and b.approved_by is null
-                and b.created_at >= ${batchesSince}::timestamptz
-                and d.status_changed_at >= ${since}::timestamptz)
-           + ${queued} as n`);
-    return rowsOf<{ n: number }>(result)[0]?.n ?? 0;
+    return claim.replayedWithoutApproval(this, operator, db, count);
+  }
+
+  /** A batch's control lock, until `tx` ends; see replay-claim.ts. */
+  lockBatch(tx: Pick<AnyPgDatabase, "execute">, batchId: string, mode: "shared" | "exclusive"): Promise<void> {
+    return claim.lockBatch(tx, batchId, mode);
+  }
+
+  /** Serialises what counts against one requester's approval threshold, until `tx` ends; see replay-claim.ts. */
+  lockReplayQuota(tx: Pick<AnyPgDatabase, "execute">, operator: string): Promise<void> {
+    return claim.lockReplayQuota(tx, operator);
   }
 
   /**
-   * Serialises, until `tx` ends, everything that counts against one
-   * requester's approval threshold (direct replays, batch creation): a count
-   * taken after this lock sees every earlier claim of that requester
-   * committed, so two sessions cannot both pass the threshold by counting at
-   * once. A two-key advisory lock: its key space is apart from the harness's
-   * ordering locks (one bigint key).
+   * Republishes one letter's original envelope and marks it `replayed`, in
+   * one transaction; see replay-claim.ts. Not audited on its own: callers are.
    */
-  /**
-   * A batch's control lock, until `tx` ends: claims of its letters hold it
-   * shared, changes of its state or runner exclusively (#21 item 1).
-   */
-  async lockBatch(tx: Pick<AnyPgDatabase, "execute">, batchId: string, mode: "shared" | "exclusive"): Promise<void> {
-    await tx.execute(
-      mode === "shared"
-        ? sql`select pg_advisory_xact_lock_shared(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`
-        : sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`,
-    );
-  }
-
-  async lockReplayQuota(tx: Pick<AnyPgDatabase, "execute">, operator: string): Promise<void> {
-    await tx.execute(sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.replay-quota'), hashtext(${operator}))`);
-  }
-
-  /**
-   * Whether a batch's runner may claim a letter now, asked in the claim's own
-   * transaction, after the wait for the letter's turn (#21 item 1): the batch
-   * is still running, this runner's, unexpired, inside the run's
-   * `maxDurationMs`, and — unapproved — its requester's replays over the
-   * approval window leave room for one more. The claim holds the batch's
-   * lock shared (`lockBatch`) until it commits: a pause, stop or takeover
-   * takes it exclusively, so it waits for the claims in flight and every
-   * later claim sees it. (A row lock would also hold up the lease's
-   * heartbeat for as long as a publish takes.) Undefined: it may.
-   */
-  async #batchMayClaim(
-    tx: Pick<AnyPgDatabase, "execute">,
-    batchId: string,
-    guard: BatchClaimGuard,
-  ): Promise<BatchHalt | undefined> {
-    await this.lockBatch(tx, batchId, "shared");
-    const [batch] = rowsOf<{
-      status: string;
-      lease_owner: string | null;
-      expires_at: string | Date;
-      approved_by: string | null;
-      requested_by: string;
-    }>(
-      await tx.execute(sql`
-        select status, lease_owner, expires_at, approved_by, requested_by
-        from core.replay_batches where id = ${batchId}`),
-    );
-    const now = this.clock.now();
-    if (!batch) return { cause: "state", reason: `batch ${batchId} no longer exists` };
-    if (batch.status !== "running") return { cause: "state", reason: `batch is ${batch.status}` };
-    if (batch.lease_owner !== guard.runner) return { cause: "state", reason: "another runner took the batch over" };
-    if (new Date(batch.expires_at).getTime() <= now) return { cause: "expired", reason: "expired before it finished" };
-    if (guard.deadline !== null && now >= guard.deadline) {
-      return { cause: "deadline", reason: "this run's maxDurationMs is over" };
-    }
-    if (batch.approved_by === null) {
-      await this.lockReplayQuota(tx, batch.requested_by);
-      const recent = await this.replayedWithoutApproval(batch.requested_by, tx, "published");
-      if (recent >= this.approvalThreshold) {
-        return {
-          cause: "needs_approval",
-          reason: `needs approval: ${batch.requested_by} replayed ${recent} letters without a second operator's approval in the last ${formatWindow(this.approvalWindowMs)}, the approval threshold of ${this.approvalThreshold}; another operator must approve the rest of this batch`,
-        };
-      }
-    }
-    return undefined;
-  }
-
-  /**
-   * Republishes one letter's original envelope (same job_id, no dedup key)
-   * and marks it `replayed`. The status change is conditional and held in the
-   * same transaction as the publish: of two operators replaying the same
-   * letter, one publishes and the other finds it no longer pending; if the
-   * publish fails, the letter stays pending. Not audited on its own: callers are.
-   */
-  async replayOne(
-    id: string,
-    input: { operator: string; reason: string; batchId: string | null; guard?: BatchClaimGuard },
-  ): Promise<{
-    outcome: ActionOutcome | "halted";
-    detail?: string;
-    replayBatchId?: string | null;
-    halt?: BatchHalt;
-  }> {
-    const [row] = await this.db
-      .select({
-        status: deadLetters.status,
-        statusChangedBy: deadLetters.statusChangedBy,
-        queue: deadLetters.queue,
-        consumer: deadLetters.consumer,
-        payload: deadLetters.payload,
-        payloadEncoding: deadLetters.payloadEncoding,
-        replayBatchId: deadLetters.replayBatchId,
-      })
-      .from(deadLetters)
-      .where(eq(deadLetters.id, id));
-    if (!row) return { outcome: "not_found" };
-    if (row.status !== "pending_review") {
-      return { outcome: "not_pending", detail: notPendingDetail(row), replayBatchId: row.replayBatchId };
-    }
-    const { envelope, problem } = decodePayload(row);
-    if (!envelope) {
-      return {
-        outcome: "not_replayable",
-        detail: `${problem}; it can never succeed — discard it and fix the producer`,
-      };
-    }
-    // Refused before anything changes: a replay nobody would read is not "done".
-    const route = this.replayTransport.route(row.queue, row.consumer);
-    if (!route.ok) {
-      return {
-        outcome: "not_routable",
-        detail: `cannot route a replay to consumer "${row.consumer}" of queue "${row.queue}": ${route.reason}; the letter stays pending`,
-      };
-    }
-    // The bytes exactly as received (unknown fields, the job_id's case): only
-    // decoded from base64 where Postgres text could not hold them.
-    const body = row.payloadEncoding === "base64" ? new Uint8Array(Buffer.from(row.payload, "base64")) : row.payload;
-    let published = false;
-    try {
-      return await this.db
-        .transaction(async (tx) => {
-          if (input.batchId === null) {
-            // A direct replay: the two-person rule, checked where it cannot race.
-            await this.lockReplayQuota(tx, input.operator);
-            const recent = await this.replayedWithoutApproval(input.operator, tx);
-            if (recent >= this.approvalThreshold) return { outcome: "needs_approval" as const, recent };
-          } else if (input.guard !== undefined) {
-            const halt = await this.#batchMayClaim(tx, input.batchId, input.guard);
-            if (halt !== undefined) return { outcome: "halted" as const, halt };
-          }
-          const [claimed] = await tx
-            .update(deadLetters)
-            .set({
-              status: "replayed",
-              // Database time: the replay-DLQ view compares it with dead letters' created_at.
-              statusChangedAt: sql`now()`,
-              statusChangedBy: input.operator,
-              statusReason: input.reason,
-              replayBatchId: input.batchId,
-            })
-            .where(and(eq(deadLetters.id, id), eq(deadLetters.status, "pending_review")))
-            .returning({ queue: deadLetters.queue, consumer: deadLetters.consumer });
-          if (!claimed) return { outcome: "lost" as const };
-          // Only to the letter's consumer, on its replay lane: the queue's other
-          // consumers either have their fence already or had their own letter
-          // for this job handled separately (perhaps discarded on purpose).
-          // Delivered as a replay: an operator asked for it, so it is not expired (maxAgeMs).
-          // No answer in time is no answer: not stored (rolled back below).
-          const receipt = await withinMs(
-            this.replayTransport.publishReplay(claimed.queue, claimed.consumer, body),
-            this.publishTimeoutMs,
-            () =>
-              new Error(
-                `the transport did not answer the replay's publish within ${this.publishTimeoutMs} ms; replay it again`,
-              ),
-          );
-          // Only a copy the transport says it stored makes the letter
-          // `replayed`. A 202 ("accepted for deferred processing": stored
-          // later, or never) rolls this back: the letter stays pending, and a
-          // copy stored after all finds it pending at its fence and does not run.
-          if (!isStored(receipt)) {
-            throw new Error(
-              "the transport accepted the replay without confirming it is stored (a Vercel 202); replay it again",
-            );
-          }
-          published = true;
-          this.metrics.replayed(claimed);
-          return { outcome: "replayed" as const };
-        })
-        .then(async (result) => {
-          if (result.outcome === "halted")
-            return { outcome: "halted" as const, detail: result.halt.reason, halt: result.halt };
-          if (result.outcome === "needs_approval") {
-            return {
-              outcome: "needs_approval" as const,
-              detail: `${input.operator} replayed ${result.recent} letters without a second operator's approval in the last ${formatWindow(this.approvalWindowMs)}, the approval threshold of ${this.approvalThreshold}: replay it in an approved batch`,
-            };
-          }
-          if (result.outcome !== "lost") return result;
-          // Lost the race: say who won, so a batch runner counts a letter its own
-          // batch replayed (an earlier runner) as replayed, not skipped.
-          const [now] = await this.db
-            .select({
-              status: deadLetters.status,
-              replayBatchId: deadLetters.replayBatchId,
-              statusChangedBy: deadLetters.statusChangedBy,
-            })
-            .from(deadLetters)
-            .where(eq(deadLetters.id, id));
-          return {
-            outcome: "not_pending" as const,
-            detail: `${now ? notPendingDetail(now) : "deleted"} (meanwhile, by someone else)`,
-            replayBatchId: now?.replayBatchId ?? null,
-          };
-        });
-    } catch (error) {
-      if (isSoftcrumError(error, "NOT_ROUTABLE")) return { outcome: "not_routable", detail: error.message };
-      const detail = published
-        ? `published, but recording the replay failed, so the letter stays pending (replaying it again is harmless): ${describeError(error)}`
-        : `publish failed, the letter stays pending: ${describeError(error)}`;
-      return { outcome: "failed", detail };
-    }
+  replayOne(id: string, input: claim.ReplayOneInput): Promise<claim.ReplayOneResult> {
+    return claim.replayOne(this, id, input);
   }
 
   /**
@@ -950,44 +576,25 @@ export class DeadLetterOperations {
   }
 }
 
-function formatWindow(ms: number): string {
-  return ms % 3_600_000 === 0 ? `${ms / 3_600_000} h` : `${Math.round(ms / 60_000)} min`;
-}
-
-/** Why a letter is not pending, naming the batch (or operator) that replayed it. */
-function notPendingDetail(row: {
-  status: string;
-  replayBatchId: string | null;
-  statusChangedBy?: string | null;
-}): string {
-  if (row.status !== "replayed") return `status is ${row.status}`;
-  const by = row.replayBatchId
-    ? `, by batch ${row.replayBatchId}`
-    : row.statusChangedBy
-      ? `, by ${row.statusChangedBy}`
-      : "";
-  return `status is replayed${by}: nothing to do`;
-}
-
-/** An action report that acted on nothing (every id refused, missing or already handled) is audited as refused, not ok. */
-function actedOnNothing(result: object): boolean {
-  if (!("counts" in result) || !("results" in result)) return false;
-  const { counts, results } = result as ActionReport;
-  return results.length > 0 && !counts.replayed && !counts.discarded;
-}
-
-/** The operator to record for an action, even when the given one is invalid. */
-export function operatorName(operator: unknown): string {
-  return typeof operator === "string" && operator.trim() !== "" ? operator.trim().slice(0, 200) : "(none given)";
-}
-
-function summarize(results: ActionReport["results"][number][]): ActionReport {
-  const counts: Partial<Record<ActionOutcome, number>> = {};
-  for (const r of results) counts[r.outcome] = (counts[r.outcome] ?? 0) + 1;
-  return { results, counts };
-}
-
-/** postgres.js returns rows as an array, PGlite and node-postgres as `{ rows }`. */
-export function rowsOf<T>(result: unknown): T[] {
-  return (Array.isArray(result) ? result : ((result as { rows?: T[] }).rows ?? [])) as T[];
-}
+export { decodePayload, filterConditions, operatorName, rowsOf } from "./ops-helpers.ts";
+// Moved by role (ops-types.ts, ops-helpers.ts, replay-claim.ts); exported from here unchanged.
+export type {
+  ActionOutcome,
+  ActionReport,
+  AuditEntry,
+  DeadLetterDetail,
+  DeadLetterSummary,
+  OpsDeps,
+  OpsMetricsPort,
+  OtherPayload,
+  Page,
+  ReplayFailure,
+} from "./ops-types.ts";
+export {
+  DEFAULT_AUDIT_RETENTION_DAYS,
+  HISTORY_IN_DETAIL,
+  MIN_AUDIT_RETENTION_DAYS,
+  noopOpsMetrics,
+} from "./ops-types.ts";
+export type { BatchClaimGuard, BatchHalt } from "./replay-claim.ts";
+export { MAX_BATCH_LIFETIME_MS } from "./replay-claim.ts";

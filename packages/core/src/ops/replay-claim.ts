@@ -1,0 +1,300 @@
+/**
+ * The replay claim path (moved out of operations.ts): how one letter is
+ * claimed and republished (`replayOne`), what a batch runner's claim is
+ * checked against in its own transaction, and the two-person rule's count and
+ * locks. `DeadLetterOperations` delegates its public methods here.
+ */
+import { and, eq, sql } from "drizzle-orm";
+import { deadLetters } from "../db/schema.ts";
+import type { AnyPgDatabase } from "../db/types.ts";
+import { describeError, isSoftcrumError } from "../errors.ts";
+import { isStored } from "../queue-port.ts";
+import { withinMs } from "../timers.ts";
+import type { DeadLetterOperations } from "./operations.ts";
+import { decodePayload, formatWindow, notPendingDetail, rowsOf } from "./ops-helpers.ts";
+import type { ActionOutcome } from "./ops-types.ts";
+
+/** What the claim path reads of the operations: its database, clock, rule and transport. */
+type ClaimOps = Pick<
+  DeadLetterOperations,
+  "db" | "clock" | "approvalThreshold" | "approvalWindowMs" | "replayTransport" | "publishTimeoutMs" | "metrics"
+>;
+
+/** What a batch runner's claim is checked against (`replayOne`'s `guard`). */
+export interface BatchClaimGuard {
+  /** The runner that must hold the batch's lease. */
+  readonly runner: string;
+  /** The clock time (ms) after which this run claims nothing (its `maxDurationMs`); null for none. */
+  readonly deadline: number | null;
+}
+
+/** Why a batch's claim was refused: its state, its expiry, the run's deadline, or the two-person rule. */
+export interface BatchHalt {
+  readonly cause: "state" | "expired" | "deadline" | "needs_approval";
+  readonly reason: string;
+}
+
+/** What `replayOne` is asked: who, why, for which batch (null: a direct replay), and a batch runner's guard. */
+export interface ReplayOneInput {
+  operator: string;
+  reason: string;
+  batchId: string | null;
+  guard?: BatchClaimGuard;
+}
+
+/** What `replayOne` did with the letter. */
+export interface ReplayOneResult {
+  outcome: ActionOutcome | "halted";
+  detail?: string;
+  replayBatchId?: string | null;
+  halt?: BatchHalt;
+}
+
+/** The longest a replay batch may live (`expiresAt`): 30 days. */
+export const MAX_BATCH_LIFETIME_MS = 30 * 86_400_000;
+
+/**
+ * What `operator` replayed without a second operator over the approval
+ * window (`approvalWindowMs`): letters they replayed directly, and the
+ * letters of batches they requested that nobody approved (what a finished
+ * batch replayed; what one still to run selected). Index scans
+ * (dead_letters_direct_replays_idx, replay_batches_requester_idx).
+ */
+export async function replayedWithoutApproval(
+  ops: ClaimOps,
+  operator: string,
+  db: Pick<AnyPgDatabase, "execute"> = ops.db,
+  count: "published" | "published_and_queued" = "published_and_queued",
+): Promise<number> {
+  const since = new Date(ops.clock.now() - ops.approvalWindowMs).toISOString();
+  // Replays count when they happen (#21 item 4), whenever their batch was
+  // made: a batch lives up to MAX_BATCH_LIFETIME, so its letters are looked
+  // for among the batches made that long before the window.
+  const batchesSince = new Date(ops.clock.now() - ops.approvalWindowMs - MAX_BATCH_LIFETIME_MS).toISOString();
+  const queued =
+    count === "published"
+      ? sql`0`
+      : sql`(select coalesce(sum(greatest(selected - replayed - skipped, 0)), 0)::int
+            from core.replay_batches
+            where requested_by = ${operator} and approved_by is null
+              and status in ('ready', 'running', 'paused'))`;
+  const result = await db.execute(sql`
+    select (select count(*)::int from core.dead_letters
+            where status = 'replayed' and replay_batch_id is null
+              and status_changed_by = ${operator} and status_changed_at >= ${since}::timestamptz)
+         + (select count(*)::int
+            from core.replay_batches b
+            join core.dead_letters d on d.replay_batch_id = b.id and d.status = 'replayed'
+            where b.requested_by = ${operator} and b.approved_by is null
+              and b.created_at >= ${batchesSince}::timestamptz
+              and d.status_changed_at >= ${since}::timestamptz)
+         + ${queued} as n`);
+  return rowsOf<{ n: number }>(result)[0]?.n ?? 0;
+}
+
+/**
+ * Serialises, until `tx` ends, everything that counts against one
+ * requester's approval threshold (direct replays, batch creation): a count
+ * taken after this lock sees every earlier claim of that requester
+ * committed, so two sessions cannot both pass the threshold by counting at
+ * once. A two-key advisory lock: its key space is apart from the harness's
+ * ordering locks (one bigint key).
+ */
+/**
+ * A batch's control lock, until `tx` ends: claims of its letters hold it
+ * shared, changes of its state or runner exclusively (#21 item 1).
+ */
+export async function lockBatch(
+  tx: Pick<AnyPgDatabase, "execute">,
+  batchId: string,
+  mode: "shared" | "exclusive",
+): Promise<void> {
+  await tx.execute(
+    mode === "shared"
+      ? sql`select pg_advisory_xact_lock_shared(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`
+      : sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`,
+  );
+}
+
+export async function lockReplayQuota(tx: Pick<AnyPgDatabase, "execute">, operator: string): Promise<void> {
+  await tx.execute(sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.replay-quota'), hashtext(${operator}))`);
+}
+
+/**
+ * Whether a batch's runner may claim a letter now, asked in the claim's own
+ * transaction, after the wait for the letter's turn (#21 item 1): the batch
+ * is still running, this runner's, unexpired, inside the run's
+ * `maxDurationMs`, and — unapproved — its requester's replays over the
+ * approval window leave room for one more. The claim holds the batch's
+ * lock shared (`lockBatch`) until it commits: a pause, stop or takeover
+ * takes it exclusively, so it waits for the claims in flight and every
+ * later claim sees it. (A row lock would also hold up the lease's
+ * heartbeat for as long as a publish takes.) Undefined: it may.
+ */
+async function batchMayClaim(
+  ops: ClaimOps,
+  tx: Pick<AnyPgDatabase, "execute">,
+  batchId: string,
+  guard: BatchClaimGuard,
+): Promise<BatchHalt | undefined> {
+  await lockBatch(tx, batchId, "shared");
+  const [batch] = rowsOf<{
+    status: string;
+    lease_owner: string | null;
+    expires_at: string | Date;
+    approved_by: string | null;
+    requested_by: string;
+  }>(
+    await tx.execute(sql`
+      select status, lease_owner, expires_at, approved_by, requested_by
+      from core.replay_batches where id = ${batchId}`),
+  );
+  const now = ops.clock.now();
+  if (!batch) return { cause: "state", reason: `batch ${batchId} no longer exists` };
+  if (batch.status !== "running") return { cause: "state", reason: `batch is ${batch.status}` };
+  if (batch.lease_owner !== guard.runner) return { cause: "state", reason: "another runner took the batch over" };
+  if (new Date(batch.expires_at).getTime() <= now) return { cause: "expired", reason: "expired before it finished" };
+  if (guard.deadline !== null && now >= guard.deadline) {
+    return { cause: "deadline", reason: "this run's maxDurationMs is over" };
+  }
+  if (batch.approved_by === null) {
+    await lockReplayQuota(tx, batch.requested_by);
+    const recent = await replayedWithoutApproval(ops, batch.requested_by, tx, "published");
+    if (recent >= ops.approvalThreshold) {
+      return {
+        cause: "needs_approval",
+        reason: `needs approval: ${batch.requested_by} replayed ${recent} letters without a second operator's approval in the last ${formatWindow(ops.approvalWindowMs)}, the approval threshold of ${ops.approvalThreshold}; another operator must approve the rest of this batch`,
+      };
+    }
+  }
+  return undefined;
+}
+
+/**
+ * Republishes one letter's original envelope (same job_id, no dedup key)
+ * and marks it `replayed`. The status change is conditional and held in the
+ * same transaction as the publish: of two operators replaying the same
+ * letter, one publishes and the other finds it no longer pending; if the
+ * publish fails, the letter stays pending. Not audited on its own: callers are.
+ */
+export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput): Promise<ReplayOneResult> {
+  const [row] = await ops.db
+    .select({
+      status: deadLetters.status,
+      statusChangedBy: deadLetters.statusChangedBy,
+      queue: deadLetters.queue,
+      consumer: deadLetters.consumer,
+      payload: deadLetters.payload,
+      payloadEncoding: deadLetters.payloadEncoding,
+      replayBatchId: deadLetters.replayBatchId,
+    })
+    .from(deadLetters)
+    .where(eq(deadLetters.id, id));
+  if (!row) return { outcome: "not_found" };
+  if (row.status !== "pending_review") {
+    return { outcome: "not_pending", detail: notPendingDetail(row), replayBatchId: row.replayBatchId };
+  }
+  const { envelope, problem } = decodePayload(row);
+  if (!envelope) {
+    return {
+      outcome: "not_replayable",
+      detail: `${problem}; it can never succeed — discard it and fix the producer`,
+    };
+  }
+  // Refused before anything changes: a replay nobody would read is not "done".
+  const route = ops.replayTransport.route(row.queue, row.consumer);
+  if (!route.ok) {
+    return {
+      outcome: "not_routable",
+      detail: `cannot route a replay to consumer "${row.consumer}" of queue "${row.queue}": ${route.reason}; the letter stays pending`,
+    };
+  }
+  // The bytes exactly as received (unknown fields, the job_id's case): only
+  // decoded from base64 where Postgres text could not hold them.
+  const body = row.payloadEncoding === "base64" ? new Uint8Array(Buffer.from(row.payload, "base64")) : row.payload;
+  let published = false;
+  try {
+    return await ops.db
+      .transaction(async (tx) => {
+        if (input.batchId === null) {
+          // A direct replay: the two-person rule, checked where it cannot race.
+          await lockReplayQuota(tx, input.operator);
+          const recent = await replayedWithoutApproval(ops, input.operator, tx);
+          if (recent >= ops.approvalThreshold) return { outcome: "needs_approval" as const, recent };
+        } else if (input.guard !== undefined) {
+          const halt = await batchMayClaim(ops, tx, input.batchId, input.guard);
+          if (halt !== undefined) return { outcome: "halted" as const, halt };
+        }
+        const [claimed] = await tx
+          .update(deadLetters)
+          .set({
+            status: "replayed",
+            // Database time: the replay-DLQ view compares it with dead letters' created_at.
+            statusChangedAt: sql`now()`,
+            statusChangedBy: input.operator,
+            statusReason: input.reason,
+            replayBatchId: input.batchId,
+          })
+          .where(and(eq(deadLetters.id, id), eq(deadLetters.status, "pending_review")))
+          .returning({ queue: deadLetters.queue, consumer: deadLetters.consumer });
+        if (!claimed) return { outcome: "lost" as const };
+        // Only to the letter's consumer, on its replay lane: the queue's other
+        // consumers either have their fence already or had their own letter
+        // for this job handled separately (perhaps discarded on purpose).
+        // Delivered as a replay: an operator asked for it, so it is not expired (maxAgeMs).
+        // No answer in time is no answer: not stored (rolled back below).
+        const receipt = await withinMs(
+          ops.replayTransport.publishReplay(claimed.queue, claimed.consumer, body),
+          ops.publishTimeoutMs,
+          () =>
+            new Error(
+              `the transport did not answer the replay's publish within ${ops.publishTimeoutMs} ms; replay it again`,
+            ),
+        );
+        // Only a copy the transport says it stored makes the letter
+        // `replayed`. A 202 ("accepted for deferred processing": stored
+        // later, or never) rolls this back: the letter stays pending, and a
+        // copy stored after all finds it pending at its fence and does not run.
+        if (!isStored(receipt)) {
+          throw new Error(
+            "the transport accepted the replay without confirming it is stored (a Vercel 202); replay it again",
+          );
+        }
+        published = true;
+        ops.metrics.replayed(claimed);
+        return { outcome: "replayed" as const };
+      })
+      .then(async (result) => {
+        if (result.outcome === "halted")
+          return { outcome: "halted" as const, detail: result.halt.reason, halt: result.halt };
+        if (result.outcome === "needs_approval") {
+          return {
+            outcome: "needs_approval" as const,
+            detail: `${input.operator} replayed ${result.recent} letters without a second operator's approval in the last ${formatWindow(ops.approvalWindowMs)}, the approval threshold of ${ops.approvalThreshold}: replay it in an approved batch`,
+          };
+        }
+        if (result.outcome !== "lost") return result;
+        // Lost the race: say who won, so a batch runner counts a letter its own
+        // batch replayed (an earlier runner) as replayed, not skipped.
+        const [now] = await ops.db
+          .select({
+            status: deadLetters.status,
+            replayBatchId: deadLetters.replayBatchId,
+            statusChangedBy: deadLetters.statusChangedBy,
+          })
+          .from(deadLetters)
+          .where(eq(deadLetters.id, id));
+        return {
+          outcome: "not_pending" as const,
+          detail: `${now ? notPendingDetail(now) : "deleted"} (meanwhile, by someone else)`,
+          replayBatchId: now?.replayBatchId ?? null,
+        };
+      });
+  } catch (error) {
+    if (isSoftcrumError(error, "NOT_ROUTABLE")) return { outcome: "not_routable", detail: error.message };
+    const detail = published
+      ? `published, but recording the replay failed, so the letter stays pending (replaying it again is harmless): ${describeError(error)}`
+      : `publish failed, the letter stays pending: ${describeError(error)}`;
+    return { outcome: "failed", detail };
+  }
+}
