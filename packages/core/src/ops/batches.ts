@@ -14,7 +14,7 @@
  * step costs the same at the 100,000th letter as at the first.
  */
 import { hostname } from "node:os";
-import { and, asc, desc, eq, gt, inArray, isNull, lt, or, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gt, inArray, isNull, lt, or } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { z } from "zod";
 import {
@@ -28,140 +28,31 @@ import {
 import type { WorkTransaction } from "../db/types.ts";
 import { describeError, OpsError } from "../errors.ts";
 import { sleep } from "../timers.ts";
-import { type DeadLetterFilter, deadLetterFilterSchema, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
+import {
+  type BatchPolicy,
+  type BatchView,
+  type CreateBatchInput,
+  createSchema,
+  DEFAULT_BATCH_POLICY,
+  DEFAULT_RATE_FLOOR_PER_SECOND,
+  jsonFilter,
+  MAX_BATCH_LETTERS,
+  type RunOptions,
+} from "./batch-input.ts";
+import { recordItem, resolveReplayed, sampleStats, unresolvedNow } from "./batch-resolution.ts";
+import { type DeadLetterFilter, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import {
   type BatchHalt,
   type DeadLetterOperations,
   filterConditions,
   MAX_BATCH_LIFETIME_MS,
   operatorName,
-  rowsOf,
 } from "./operations.ts";
 import { batchConsumers, liveRatePerSecond, pacedRate } from "./pacing.ts";
 import { markAudited } from "./refusals.ts";
 
-export interface BatchPolicy {
-  /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
-  readonly approvalThreshold: number;
-  /** How long a runner holds a batch before another may take it over. @default 60_000 */
-  readonly leaseMs: number;
-  /** How often the runner looks whether the sample's jobs resolved. @default 500 */
-  readonly pollIntervalMs: number;
-  /** How long the sample may take to resolve before the batch pauses. @default 600_000 */
-  readonly sampleTimeoutMs: number;
-  /** Jobs that must have resolved before the failure rate can pause the batch. @default 5 */
-  readonly minResolvedForRate: number;
-  /**
-   * Replays of one runner in flight at once: replays start at the batch's
-   * rate, and this many may still be publishing, so the rate is kept however
-   * long one publish takes. @default 32
-   */
-  readonly maxInFlight: number;
-  /**
-   * The rolling window over which `approvalThreshold` counts what one
-   * requester replays: unapproved batches and direct replays together.
-   * @default 86_400_000 (24 h)
-   */
-  readonly approvalWindowMs: number;
-}
-
-export const DEFAULT_BATCH_POLICY: BatchPolicy = {
-  approvalThreshold: 100,
-  leaseMs: 60_000,
-  pollIntervalMs: 500,
-  // Longer than the default retry window (7.5 min): a sample job may retry before it resolves.
-  sampleTimeoutMs: 600_000,
-  minResolvedForRate: 5,
-  maxInFlight: 32,
-  approvalWindowMs: 86_400_000,
-};
-
 /** How far behind its schedule a runner may catch up (its own bookkeeping), at most. */
 const CATCH_UP_MS = 250;
-
-/** Replayed items a runner step resolves at most (and `get` looks at live). */
-export const RESOLVE_PAGE = 1000;
-
-/** A batch's bounds (#21 item 1): its rate, its letters (and sample), its life. */
-export const MIN_RATE_PER_SECOND = 0.001;
-export const MAX_RATE_PER_SECOND = 1000;
-export const MAX_BATCH_LETTERS = 100_000;
-export const DEFAULT_MAX_DUPLICATE_RATE = 0.5;
-export const DEFAULT_RATE_FLOOR_PER_SECOND = 0.1;
-
-const createSchema = z.strictObject({
-  filter: deadLetterFilterSchema.default({}),
-  operator: operatorSchema,
-  reason: reasonSchema,
-  /**
-   * Replays per second, this batch's own capacity, apart from live traffic:
-   * from one per 1,000 s to 1,000/s. With `rateShareOfLive`, the ceiling.
-   */
-  ratePerSecond: z.coerce.number().min(MIN_RATE_PER_SECOND).max(MAX_RATE_PER_SECOND),
-  /** Pace the batch at this share of its consumers' live throughput (0.1: 10 %), between `rateFloorPerSecond` and `ratePerSecond`. */
-  rateShareOfLive: z.coerce.number().gt(0).max(1).optional(),
-  /** The paced rate's floor. @default 0.1 per second (or `ratePerSecond` if lower) */
-  rateFloorPerSecond: z.coerce.number().min(MIN_RATE_PER_SECOND).max(MAX_RATE_PER_SECOND).optional(),
-  /** Letters replayed between two checks of the stop conditions. */
-  batchSize: z.coerce.number().int().positive().max(10_000).default(50),
-  /** Replay this many first and continue only if none of them fails again. */
-  sampleSize: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
-  /** Pause when more than this share of resolved replayed jobs failed again. */
-  maxFailureRate: z.coerce.number().gt(0).max(1).default(0.2),
-  /**
-   * Pause when more than this share of resolved replays hit a fence that was
-   * there before the replay (the work was done: the selection is wrong, or a
-   * fix already ran). Counted from `minResolvedForRate` resolved replays on.
-   */
-  maxDuplicateRate: z.coerce.number().gt(0).max(1).default(DEFAULT_MAX_DUPLICATE_RATE),
-  /** At most this many letters (oldest first). */
-  limit: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
-  /** The batch does not run after this. */
-  expiresAt: z.union([z.date(), z.iso.datetime({ offset: true }).transform((t) => new Date(t))]).optional(),
-  expiresInMinutes: z.coerce
-    .number()
-    .positive()
-    .max(60 * 24 * 30)
-    .optional(),
-});
-export type CreateBatchInput = z.input<typeof createSchema>;
-
-export interface BatchView extends ReplayBatchRow {
-  /** Replayed jobs whose fence the replay made (they succeeded). */
-  readonly succeeded: number;
-  /** Replayed jobs whose fence was already there before the replay (`duplicates` on the row, plus what is resolved live). */
-  readonly duplicates: number;
-  /** Replayed jobs neither succeeded, duplicate nor failed again yet (in flight or retrying). */
-  readonly unresolved: number;
-  readonly pending: number;
-  /**
-   * The recovery proof (#21 item 7): every replayed job resolved — succeeded,
-   * duplicate or failed again — and nothing left to replay. Until then a
-   * batch is not done, whatever its status says.
-   */
-  readonly recovered: boolean;
-  /** From the batch's start to the last replayed job's resolution, once `recovered`; else null. */
-  readonly timeToRecoveryMs: number | null;
-}
-
-export interface BatchProgress {
-  readonly batch: BatchView;
-  /** The rate the runner paces at now: the batch's fixed rate, or its share of live traffic within its floor and ceiling. */
-  readonly pacedPerSecond: number;
-  /** Replays per second over this run. */
-  readonly rate: number;
-  /** Seconds left at the batch's rate limit. */
-  readonly etaSeconds: number;
-}
-
-export interface RunOptions {
-  readonly operator: string;
-  readonly onProgress?: (progress: BatchProgress) => void;
-  /** Stop this run (the batch stays running, another run continues it) after this long, for HTTP calls. @default none */
-  readonly maxDurationMs?: number;
-  /** Aborting pauses the batch (e.g. Ctrl-C in the CLI). */
-  readonly signal?: AbortSignal;
-}
 
 const TERMINAL: readonly ReplayBatchStatus[] = ["completed", "stopped", "expired"];
 
@@ -341,7 +232,7 @@ export class ReplayBatches {
    */
   async get(id: string): Promise<BatchView> {
     const batch = await this.#load(id);
-    const live = await this.#unresolvedNow(id);
+    const live = await unresolvedNow(this.#db, id);
     const failedAgain = batch.failedAgain + live.failedAgain;
     const succeeded = batch.succeeded + live.succeeded;
     const duplicates = batch.duplicates + live.duplicates;
@@ -582,7 +473,7 @@ export class ReplayBatches {
     const check = async (maxFailureRate: number, inSample: boolean) => {
       // Bounded: at most RESOLVE_PAGE replayed jobs are looked at, each once
       // resolved; the counts on the row grow with what this step found.
-      const resolved = await this.#resolve(id);
+      const resolved = await resolveReplayed(this.#db, id, this.#now());
       if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
       const window = await this.#load(id);
       const windowResolved = window.windowSucceeded + window.windowFailedAgain + window.windowDuplicates;
@@ -643,7 +534,7 @@ export class ReplayBatches {
       // A letter this batch already replayed (an earlier runner of it) counts as replayed.
       const replayed =
         result.outcome === "replayed" || (result.outcome === "not_pending" && result.replayBatchId === id);
-      await this.#record(id, deadLetterId, replayed ? "replayed" : "skipped");
+      await recordItem(this.#db, id, deadLetterId, replayed ? "replayed" : "skipped", this.#now());
     };
 
     try {
@@ -781,9 +672,9 @@ export class ReplayBatches {
     const deadline = clock.now() + this.#policy.sampleTimeoutMs;
     for (;;) {
       if (!(await stillMine())) return "lost";
-      const resolved = await this.#resolve(id);
+      const resolved = await resolveReplayed(this.#db, id, this.#now());
       if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
-      const stats = await this.#sampleStats(id);
+      const stats = await sampleStats(this.#db, id);
       if (stats.failedAgain > 0) return `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`;
       if (stats.unresolved === 0) return "passed";
       if (signal?.aborted) return "interrupted while waiting for the sample";
@@ -792,112 +683,6 @@ export class ReplayBatches {
       }
       await sleep(this.#policy.pollIntervalMs, signal);
     }
-  }
-
-  /** Marks a pending item replayed or skipped and counts it on the row, in one statement (once: a second mark finds it no longer pending). */
-  async #record(id: string, deadLetterId: string, state: "replayed" | "skipped"): Promise<void> {
-    await this.#db.execute(sql`
-      with marked as (
-        update core.replay_batch_items set state = ${state}, replayed_at = ${this.#now().toISOString()}::timestamptz
-        where batch_id = ${id} and dead_letter_id = ${deadLetterId} and state = 'pending'
-        returning 1)
-      update core.replay_batches
-      set ${state === "replayed" ? sql`replayed = replayed + 1` : sql`skipped = skipped + 1`}
-      where id = ${id} and exists (select 1 from marked)`);
-  }
-
-  /**
-   * Resolves at most `RESOLVE_PAGE` of the batch's replayed items not
-   * resolved yet, oldest replay first: an item whose job has a fence
-   * succeeded, one with a newer dead letter of the same job and consumer
-   * (whose latest earlier replay is this one) failed again; both are final.
-   * The row's counts (and the failure-rate window's) grow by what it found,
-   * in the same statement, so a resolution is counted exactly once.
-   */
-  async #resolve(id: string): Promise<{ succeeded: number; failedAgain: number }> {
-    const result = await this.#db.execute(sql`
-      with page as (
-        select i.dead_letter_id, i.replayed_at, f.failed, f.succeeded, f.duplicate
-        from core.replay_batch_items i
-        join core.dead_letters d on d.id = i.dead_letter_id
-        cross join lateral (${outcomeOf()}) f
-        where i.batch_id = ${id} and i.state = 'replayed' and i.resolution is null
-        order by i.replayed_at
-        limit ${RESOLVE_PAGE}
-      ), done as (
-        update core.replay_batch_items i
-        set resolution = case when page.failed then 'failed_again' when page.duplicate then 'duplicate' else 'succeeded' end
-        from page
-        where i.batch_id = ${id} and i.dead_letter_id = page.dead_letter_id and i.resolution is null
-          and (page.failed or page.succeeded)
-        returning i.resolution, i.replayed_at
-      ), counted as (
-        select count(*) filter (where d.resolution = 'succeeded')::int as succeeded,
-               count(*) filter (where d.resolution = 'failed_again')::int as failed_again,
-               count(*) filter (where d.resolution = 'duplicate')::int as duplicates,
-               count(*) filter (where d.resolution = 'succeeded' and d.replayed_at >= b.rate_window_start)::int as window_succeeded,
-               count(*) filter (where d.resolution = 'failed_again' and d.replayed_at >= b.rate_window_start)::int as window_failed_again,
-               count(*) filter (where d.resolution = 'duplicate' and d.replayed_at >= b.rate_window_start)::int as window_duplicates
-        from done d cross join (select rate_window_start from core.replay_batches where id = ${id}) b
-      ), bumped as (
-        update core.replay_batches b
-        set succeeded = b.succeeded + c.succeeded,
-            failed_again = b.failed_again + c.failed_again,
-            duplicates = b.duplicates + c.duplicates,
-            window_succeeded = b.window_succeeded + c.window_succeeded,
-            window_failed_again = b.window_failed_again + c.window_failed_again,
-            window_duplicates = b.window_duplicates + c.window_duplicates,
-            last_resolved_at = ${this.#now().toISOString()}::timestamptz
-        from counted c
-        where b.id = ${id} and (c.succeeded > 0 or c.failed_again > 0 or c.duplicates > 0)
-        returning 1
-      )
-      select succeeded, failed_again from counted`);
-    const [row] = rowsOf<{ succeeded: number; failed_again: number }>(result);
-    return { succeeded: row?.succeeded ?? 0, failedAgain: row?.failed_again ?? 0 };
-  }
-
-  /** The sample's replayed items by resolution (the sample is small: `sampleSize` items). */
-  async #sampleStats(id: string) {
-    const result = await this.#db.execute(sql`
-      select count(*)::int as replayed,
-             count(*) filter (where resolution = 'failed_again')::int as failed_again,
-             count(*) filter (where resolution in ('succeeded', 'duplicate'))::int as succeeded
-      from core.replay_batch_items
-      where batch_id = ${id} and in_sample and state = 'replayed'`);
-    const [row] = rowsOf<{ replayed: number; failed_again: number; succeeded: number }>(result);
-    const replayed = row?.replayed ?? 0;
-    const failedAgain = row?.failed_again ?? 0;
-    const succeeded = row?.succeeded ?? 0;
-    return { replayed, failedAgain, succeeded, unresolved: replayed - failedAgain - succeeded };
-  }
-
-  /** Read-only: what became of up to `RESOLVE_PAGE` replayed jobs not resolved on the row yet. */
-  async #unresolvedNow(
-    id: string,
-  ): Promise<{ succeeded: number; failedAgain: number; duplicates: number; lastResolvedAt: Date | null }> {
-    const result = await this.#db.execute(sql`
-      select count(*) filter (where f.failed)::int as failed_again,
-             count(*) filter (where not f.failed and f.succeeded and not f.duplicate)::int as succeeded,
-             count(*) filter (where not f.failed and f.duplicate)::int as duplicates,
-             max(f.resolved_at) as last_resolved_at
-      from (select i.dead_letter_id from core.replay_batch_items i
-            where i.batch_id = ${id} and i.state = 'replayed' and i.resolution is null
-            order by i.replayed_at limit ${RESOLVE_PAGE}) i
-      join core.dead_letters d on d.id = i.dead_letter_id
-      cross join lateral (${outcomeOf()}) f`);
-    const [row] = rowsOf<{
-      succeeded: number;
-      failed_again: number;
-      duplicates: number;
-      last_resolved_at: string | Date | null;
-    }>(result);
-    return {
-      succeeded: row?.succeeded ?? 0,
-      failedAgain: row?.failed_again ?? 0,
-      duplicates: row?.duplicates ?? 0,
-      lastResolvedAt: row?.last_resolved_at ? new Date(row.last_resolved_at) : null,
-    };
   }
 
   async #load(id: string): Promise<ReplayBatchRow> {
@@ -948,40 +733,15 @@ export class ReplayBatches {
   }
 }
 
-/**
- * For a replayed letter `d`: whether its job now has a fence (succeeded) and
- * whether a later letter of the job and consumer exists whose latest earlier
- * replay is this one (failed again).
- */
-function outcomeOf() {
-  return sql`
-    select exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer) as succeeded,
-           -- A fence older than the replay's claim: the job's work had been done before it was replayed.
-           exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer
-                   and p.processed_at < d.status_changed_at) as duplicate,
-           (select max(t) from (select p.processed_at as t from core.processed_jobs p
-                                where p.job_id = d.job_id::uuid and p.consumer = d.consumer
-                                union all
-                                select n.created_at from core.dead_letters n
-                                where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
-                                  and n.created_at >= d.status_changed_at) r) as resolved_at,
-           exists (select 1 from core.dead_letters n
-                   where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
-                     and n.created_at >= d.status_changed_at
-                     and not exists (select 1 from core.dead_letters o
-                                     where o.job_id = d.job_id and o.consumer = d.consumer and o.id <> d.id
-                                       and o.status = 'replayed'
-                                       and o.status_changed_at > d.status_changed_at
-                                       and o.status_changed_at <= n.created_at)) as failed`;
-}
-
-/** The filter as stored: dates as ISO strings. */
-function jsonFilter(filter: z.output<typeof deadLetterFilterSchema>) {
-  const out: Record<string, string> = {};
-  for (const [key, value] of Object.entries(filter)) {
-    if (value !== undefined) out[key] = value instanceof Date ? value.toISOString() : String(value);
-  }
-  return out;
-}
-
+// Moved by role (batch-input.ts, batch-resolution.ts); exported from here unchanged.
+export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batch-input.ts";
+export {
+  DEFAULT_BATCH_POLICY,
+  DEFAULT_MAX_DUPLICATE_RATE,
+  DEFAULT_RATE_FLOOR_PER_SECOND,
+  MAX_BATCH_LETTERS,
+  MAX_RATE_PER_SECOND,
+  MIN_RATE_PER_SECOND,
+} from "./batch-input.ts";
+export { RESOLVE_PAGE } from "./batch-resolution.ts";
 export type { DeadLetterFilter };

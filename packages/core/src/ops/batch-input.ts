@@ -1,0 +1,134 @@
+/**
+ * A replay batch's input and views (moved out of batches.ts): the policy and
+ * its defaults, the bounds and schema of `create`, and what `get` and `run`
+ * return.
+ */
+import { z } from "zod";
+import type { ReplayBatchRow } from "../db/schema.ts";
+import { deadLetterFilterSchema, operatorSchema, reasonSchema } from "./filters.ts";
+
+export interface BatchPolicy {
+  /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
+  readonly approvalThreshold: number;
+  /** How long a runner holds a batch before another may take it over. @default 60_000 */
+  readonly leaseMs: number;
+  /** How often the runner looks whether the sample's jobs resolved. @default 500 */
+  readonly pollIntervalMs: number;
+  /** How long the sample may take to resolve before the batch pauses. @default 600_000 */
+  readonly sampleTimeoutMs: number;
+  /** Jobs that must have resolved before the failure rate can pause the batch. @default 5 */
+  readonly minResolvedForRate: number;
+  /**
+   * Replays of one runner in flight at once: replays start at the batch's
+   * rate, and this many may still be publishing, so the rate is kept however
+   * long one publish takes. @default 32
+   */
+  readonly maxInFlight: number;
+  /**
+   * The rolling window over which `approvalThreshold` counts what one
+   * requester replays: unapproved batches and direct replays together.
+   * @default 86_400_000 (24 h)
+   */
+  readonly approvalWindowMs: number;
+}
+
+export const DEFAULT_BATCH_POLICY: BatchPolicy = {
+  approvalThreshold: 100,
+  leaseMs: 60_000,
+  pollIntervalMs: 500,
+  // Longer than the default retry window (7.5 min): a sample job may retry before it resolves.
+  sampleTimeoutMs: 600_000,
+  minResolvedForRate: 5,
+  maxInFlight: 32,
+  approvalWindowMs: 86_400_000,
+};
+
+/** A batch's bounds (#21 item 1): its rate, its letters (and sample), its life. */
+export const MIN_RATE_PER_SECOND = 0.001;
+export const MAX_RATE_PER_SECOND = 1000;
+export const MAX_BATCH_LETTERS = 100_000;
+export const DEFAULT_MAX_DUPLICATE_RATE = 0.5;
+export const DEFAULT_RATE_FLOOR_PER_SECOND = 0.1;
+
+export const createSchema = z.strictObject({
+  filter: deadLetterFilterSchema.default({}),
+  operator: operatorSchema,
+  reason: reasonSchema,
+  /**
+   * Replays per second, this batch's own capacity, apart from live traffic:
+   * from one per 1,000 s to 1,000/s. With `rateShareOfLive`, the ceiling.
+   */
+  ratePerSecond: z.coerce.number().min(MIN_RATE_PER_SECOND).max(MAX_RATE_PER_SECOND),
+  /** Pace the batch at this share of its consumers' live throughput (0.1: 10 %), between `rateFloorPerSecond` and `ratePerSecond`. */
+  rateShareOfLive: z.coerce.number().gt(0).max(1).optional(),
+  /** The paced rate's floor. @default 0.1 per second (or `ratePerSecond` if lower) */
+  rateFloorPerSecond: z.coerce.number().min(MIN_RATE_PER_SECOND).max(MAX_RATE_PER_SECOND).optional(),
+  /** Letters replayed between two checks of the stop conditions. */
+  batchSize: z.coerce.number().int().positive().max(10_000).default(50),
+  /** Replay this many first and continue only if none of them fails again. */
+  sampleSize: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
+  /** Pause when more than this share of resolved replayed jobs failed again. */
+  maxFailureRate: z.coerce.number().gt(0).max(1).default(0.2),
+  /**
+   * Pause when more than this share of resolved replays hit a fence that was
+   * there before the replay (the work was done: the selection is wrong, or a
+   * fix already ran). Counted from `minResolvedForRate` resolved replays on.
+   */
+  maxDuplicateRate: z.coerce.number().gt(0).max(1).default(DEFAULT_MAX_DUPLICATE_RATE),
+  /** At most this many letters (oldest first). */
+  limit: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
+  /** The batch does not run after this. */
+  expiresAt: z.union([z.date(), z.iso.datetime({ offset: true }).transform((t) => new Date(t))]).optional(),
+  expiresInMinutes: z.coerce
+    .number()
+    .positive()
+    .max(60 * 24 * 30)
+    .optional(),
+});
+export type CreateBatchInput = z.input<typeof createSchema>;
+
+export interface BatchView extends ReplayBatchRow {
+  /** Replayed jobs whose fence the replay made (they succeeded). */
+  readonly succeeded: number;
+  /** Replayed jobs whose fence was already there before the replay (`duplicates` on the row, plus what is resolved live). */
+  readonly duplicates: number;
+  /** Replayed jobs neither succeeded, duplicate nor failed again yet (in flight or retrying). */
+  readonly unresolved: number;
+  readonly pending: number;
+  /**
+   * The recovery proof (#21 item 7): every replayed job resolved — succeeded,
+   * duplicate or failed again — and nothing left to replay. Until then a
+   * batch is not done, whatever its status says.
+   */
+  readonly recovered: boolean;
+  /** From the batch's start to the last replayed job's resolution, once `recovered`; else null. */
+  readonly timeToRecoveryMs: number | null;
+}
+
+export interface BatchProgress {
+  readonly batch: BatchView;
+  /** The rate the runner paces at now: the batch's fixed rate, or its share of live traffic within its floor and ceiling. */
+  readonly pacedPerSecond: number;
+  /** Replays per second over this run. */
+  readonly rate: number;
+  /** Seconds left at the batch's rate limit. */
+  readonly etaSeconds: number;
+}
+
+export interface RunOptions {
+  readonly operator: string;
+  readonly onProgress?: (progress: BatchProgress) => void;
+  /** Stop this run (the batch stays running, another run continues it) after this long, for HTTP calls. @default none */
+  readonly maxDurationMs?: number;
+  /** Aborting pauses the batch (e.g. Ctrl-C in the CLI). */
+  readonly signal?: AbortSignal;
+}
+
+/** The filter as stored: dates as ISO strings. */
+export function jsonFilter(filter: z.output<typeof deadLetterFilterSchema>) {
+  const out: Record<string, string> = {};
+  for (const [key, value] of Object.entries(filter)) {
+    if (value !== undefined) out[key] = value instanceof Date ? value.toISOString() : String(value);
+  }
+  return out;
+}
