@@ -26,8 +26,6 @@ import { realpathSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { isSoftcrumError, type QueuePort } from "@softcrum/core";
 import {
-  type ActionReport,
-  type BatchView,
   createOps,
   DEFAULT_AUDIT_RETENTION_DAYS,
   DEFAULT_BATCH_POLICY,
@@ -35,8 +33,8 @@ import {
   MIN_AUDIT_RETENTION_DAYS,
   type Ops,
 } from "@softcrum/core/ops";
-import { SingleBar } from "cli-progress";
 import { Command, CommanderError, Option } from "commander";
+import { printBatch, rateOptions, runBatch } from "./batch-run.ts";
 import { openReplayTransport } from "./composition.ts";
 import {
   DatabaseProblem,
@@ -46,21 +44,11 @@ import {
   type OpsDatabase,
   openOpsDatabase,
 } from "./database.ts";
-import {
-  age,
-  duration,
-  fields,
-  json,
-  nameFlags,
-  ndjson,
-  ProgressLines,
-  phaseOf,
-  prettyPayload,
-  type TableOptions,
-  table,
-} from "./format.ts";
+import { age, duration, fields, json, nameFlags, prettyPayload, table } from "./format.ts";
+import { EXIT, out, printReport, rowsOf, view } from "./output.ts";
 
-export const EXIT = { ok: 0, failure: 1, usage: 2, notFound: 3, conflict: 4, partial: 5 } as const;
+// Moved by role (output.ts); exported from here unchanged.
+export { EXIT };
 
 class ExitError extends Error {
   constructor(
@@ -292,93 +280,6 @@ function filterFrom(o: Record<string, string | undefined>, withStatus = true): D
   }
   flagsInUse = { ...flagsInUse, ...flags };
   return f as DeadLetterFilter;
-}
-
-const out = (line: string) => process.stdout.write(`${line}\n`);
-const view = (o: { wide?: boolean }): TableOptions => (o.wide ? { wide: true } : {});
-const rowsOf = (items: object[]) => items as unknown as Record<string, unknown>[];
-
-function printReport(report: ActionReport, o: { json?: boolean; wide?: boolean }) {
-  if (o.json) out(json(report));
-  else {
-    out(table(rowsOf(report.results), ["id", "outcome", "detail"], view(o)));
-    out(
-      Object.entries(report.counts)
-        .map(([k, v]) => `${k}: ${v}`)
-        .join(", "),
-    );
-  }
-  // None of the ids exists: "not found"; none acted on (already replayed,
-  // not routable, not replayable): "refused"; some not acted on: "partly done".
-  const acted = (r: { outcome: string }) => r.outcome === "replayed" || r.outcome === "discarded";
-  if (report.results.every((r) => r.outcome === "not_found")) process.exitCode = EXIT.notFound;
-  else if (!report.results.some(acted)) process.exitCode = EXIT.conflict;
-  else if (!report.results.every(acted)) process.exitCode = EXIT.partial;
-}
-
-const BATCH_FIELDS = [
-  "id",
-  "status",
-  "filter",
-  "reason",
-  "requestedBy",
-  "approvedBy",
-  "ratePerSecond",
-  "rateShare",
-  "rateFloor",
-  "batchSize",
-  "sampleSize",
-  "maxFailureRate",
-  "maxDuplicateRate",
-  "selected",
-  "replayed",
-  "skipped",
-  "succeeded",
-  "duplicates",
-  "failedAgain",
-  "unresolved",
-  "pending",
-  "recovery",
-  "created",
-  "ran",
-  "expires",
-  "stopReason",
-];
-
-/** A batch for people: counts, and times as ages and durations. */
-function humanBatch(batch: BatchView, now = Date.now()): Record<string, unknown> {
-  const ended = batch.endedAt?.getTime() ?? now;
-  return {
-    ...batch,
-    created: `${age(batch.createdAt, now)} (${batch.createdAt.toISOString()})`,
-    ran: batch.startedAt
-      ? `${duration(ended - batch.startedAt.getTime())}${batch.endedAt ? "" : " so far"}`
-      : "not yet",
-    // Done only when every replayed job resolved (#21 item 7): succeeded + duplicates + failed again = replayed.
-    recovery: batch.recovered
-      ? `done: ${batch.succeeded} succeeded, ${batch.duplicates} already done, ${batch.failedAgain} failed again${batch.timeToRecoveryMs !== null ? ` in ${duration(batch.timeToRecoveryMs)}` : ""}`
-      : `not yet: ${batch.unresolved} replayed jobs unresolved, ${batch.pending} letters to replay`,
-    expires:
-      batch.expiresAt.getTime() > now
-        ? `in ${duration(batch.expiresAt.getTime() - now)}`
-        : `${age(batch.expiresAt, now)} (expired)`,
-  };
-}
-
-function printBatch(batch: BatchView, o: { json?: boolean; wide?: boolean }) {
-  if (o.json) out(json(batch));
-  else out(fields(humanBatch(batch), BATCH_FIELDS, view(o)));
-}
-
-/** `--rate 10` is 10 replays a second; `--rate 10%` paces at 10 % of live traffic, between --rate-floor and --rate-ceiling. */
-function rateOptions(o: { rate: string; rateFloor: string; rateCeiling: string }) {
-  const share = /^\s*([\d.]+)\s*%\s*$/.exec(o.rate);
-  if (!share) return { ratePerSecond: o.rate };
-  return {
-    rateShareOfLive: Number(share[1]) / 100,
-    rateFloorPerSecond: o.rateFloor,
-    ratePerSecond: o.rateCeiling,
-  };
 }
 
 const COMMON = (command: Command) =>
@@ -731,111 +632,6 @@ export function buildProgram(): Command {
     );
 
   return program;
-}
-
-/**
- * Runs a batch with a progress bar on stderr (or NDJSON events on stdout with
- * --json). Between the runner's own reports it looks at the batch every
- * second, so the bar also says when it waits for the sample check.
- */
-async function runBatch(
-  ops: Ops,
-  operator: string,
-  id: string,
-  o: { progress: boolean; json?: boolean; wide?: boolean },
-) {
-  const controller = new AbortController();
-  const interrupt = () => controller.abort();
-  process.once("SIGINT", interrupt);
-  process.once("SIGTERM", interrupt);
-  // The rate shown is this run's: replays since it started, over the time since.
-  const before = await ops.batches.get(id).catch(() => undefined);
-  const startedAt = Date.now();
-  let startCount = before ? before.replayed + before.skipped : undefined;
-  // A bar on a terminal; otherwise a line now and then (a log file is not a terminal).
-  const terminal = process.stderr.isTTY === true;
-  const bar =
-    o.progress && !o.json && terminal
-      ? new SingleBar({
-          format: "replay {bar} {value}/{total} | {rate}/s | ETA {etaText} | failed again {failedAgain} | {phase}",
-          stream: process.stderr,
-          hideCursor: true,
-        })
-      : undefined;
-  const lines =
-    o.progress && !o.json && !terminal ? new ProgressLines((line) => process.stderr.write(`${line}\n`)) : undefined;
-  let barStarted = false;
-  const show = (b: BatchView) => {
-    const done = b.replayed + b.skipped;
-    startCount ??= done;
-    const elapsed = Math.max(0.001, (Date.now() - startedAt) / 1000);
-    const rate = (done - startCount) / elapsed;
-    const etaSeconds = b.pending / b.ratePerSecond;
-    const phase = phaseOf(b);
-    if (o.json) {
-      out(
-        ndjson({
-          event: "progress",
-          at: new Date().toISOString(),
-          batchId: b.id,
-          status: b.status,
-          phase,
-          selected: b.selected,
-          replayed: b.replayed,
-          skipped: b.skipped,
-          pending: b.pending,
-          succeeded: b.succeeded,
-          duplicates: b.duplicates,
-          failedAgain: b.failedAgain,
-          unresolved: b.unresolved,
-          recovered: b.recovered,
-          rate: Number(rate.toFixed(2)),
-          etaSeconds: Math.ceil(etaSeconds),
-        }),
-      );
-      return;
-    }
-    if (!bar && !lines) return;
-    const payload = {
-      rate: rate.toFixed(1),
-      etaText: etaSeconds < 1 ? "0s" : duration(etaSeconds * 1000),
-      failedAgain: b.failedAgain,
-      phase,
-    };
-    if (lines) lines.update(b.selected, done, payload);
-    else if (!barStarted) {
-      bar?.start(b.selected, done, payload);
-      barStarted = true;
-    } else bar?.update(done, payload);
-  };
-  let running = true;
-  const poll = (async () => {
-    while (running) {
-      await new Promise((resolve) => setTimeout(resolve, 1000).unref());
-      if (!running) break;
-      const b = await ops.batches.get(id).catch(() => undefined);
-      if (b && running) show(b);
-    }
-  })();
-  try {
-    const final = await ops.batches.run(id, {
-      operator,
-      signal: controller.signal,
-      onProgress: ({ batch: b }) => show(b),
-    });
-    running = false;
-    bar?.stop();
-    lines?.finish();
-    if (o.json) out(ndjson({ event: "result", batch: final }));
-    else printBatch(final, o);
-    if (final.status !== "completed") process.exitCode = EXIT.partial;
-  } finally {
-    running = false;
-    await poll;
-    bar?.stop();
-    process.off("SIGINT", interrupt);
-    process.off("SIGTERM", interrupt);
-  }
 }
 
 function indent(text: string): string {
