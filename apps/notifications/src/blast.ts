@@ -18,7 +18,7 @@
  *    cleanup's TTL, or Resend's 24 h idempotency window — sends nothing twice.
  *    Publishing is bounded by `concurrency`, not by the audience.
  */
-import { type AnyPgDatabase, createEnvelope, describeError, isStored, type QueuePort } from "@softcrum/core";
+import { type AnyPgDatabase, createEnvelope, describeError, publishUntilStored, type QueuePort } from "@softcrum/core";
 import { eq, sql } from "drizzle-orm";
 import { z } from "zod";
 import { type BlastChunk, MAX_CHUNK_SIZE } from "./blast-chunk.ts";
@@ -139,18 +139,8 @@ export async function startBlast(
         kind: BLAST_CHUNK_KIND,
         data,
       });
-      for (let attempt = 1; ; attempt++) {
-        // The same envelope every time: a copy stored after all is a duplicate the fence absorbs.
-        const receipt = await deps.queue.publish(EMAIL_MARKETING_QUEUE, envelope);
-        if (isStored(receipt)) {
-          published += 1;
-          return;
-        }
-        if (attempt >= tries) {
-          unconfirmed += 1;
-          return;
-        }
-      }
+      if (await publishUntilStored(deps.queue, EMAIL_MARKETING_QUEUE, envelope, tries)) published += 1;
+      else unconfirmed += 1;
     } catch (error) {
       failed += 1;
       if (failures.length < MAX_FAILURES_KEPT) failures.push({ chunk, error: describeError(error) });

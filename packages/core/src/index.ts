@@ -119,7 +119,7 @@ export type {
   ReplayLanePort,
   TransportHolds,
 } from "./queue-port.ts";
-export { checkDeliveryBound, isStored } from "./queue-port.ts";
+export { checkDeliveryBound, isStored, publishUntilStored } from "./queue-port.ts";
 export type { DeferralBackoff, RetryPolicy } from "./retry.ts";
 export {
   DEFAULT_DEFERRAL_HORIZON_MS,

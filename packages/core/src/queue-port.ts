@@ -51,6 +51,25 @@ export function isStored(receipt: PublishReceipt | undefined): boolean {
 }
 
 /**
+ * Publishes `payload` until the transport says it is stored, at most `tries`
+ * times — the same envelope each time, so a copy stored after all is a
+ * duplicate the fence absorbs. True when stored; false when every try was
+ * only accepted (a Vercel 202): publish it again later. Throws what
+ * `publish` throws.
+ */
+export async function publishUntilStored(
+  queue: QueuePort,
+  queueName: string,
+  payload: Envelope,
+  tries: number,
+): Promise<boolean> {
+  for (let attempt = 1; ; attempt++) {
+    if (isStored(await queue.publish(queueName, payload))) return true;
+    if (attempt >= tries) return false;
+  }
+}
+
+/**
  * How producers put jobs on queues. Every adapter validates the envelope
  * before sending: an invalid one throws `InvalidEnvelopeError` at the producer
  * and never becomes a message.

@@ -9,7 +9,7 @@
  */
 import { createEnvelope } from "../envelope.ts";
 import { describeError, InvalidConfigError } from "../errors.ts";
-import { isStored, type QueuePort } from "../queue-port.ts";
+import { publishUntilStored, type QueuePort } from "../queue-port.ts";
 import { fanOutJobId } from "./job-id.ts";
 
 /**
@@ -97,17 +97,8 @@ export async function fanOut(options: FanOutOptions): Promise<FanOutReport> {
         kind,
         data: data(tenantId, tick),
       });
-      for (let attempt = 1; ; attempt++) {
-        // The same envelope each time: a copy stored after all is a duplicate the fence absorbs.
-        if (isStored(await queue.publish(queueName, envelope))) {
-          published += 1;
-          return;
-        }
-        if (attempt >= tries) {
-          unconfirmed += 1;
-          return;
-        }
-      }
+      if (await publishUntilStored(queue, queueName, envelope, tries)) published += 1;
+      else unconfirmed += 1;
     } catch (error) {
       failed += 1;
       if (failures.length < MAX_FAILURES_KEPT) failures.push({ tenantId, error: describeError(error) });
