@@ -5,7 +5,9 @@
  */
 import { z } from "zod";
 import type { ReplayBatchRow } from "../db/schema.ts";
+import { OpsError } from "../errors.ts";
 import { deadLetterFilterSchema, operatorSchema, reasonSchema } from "./filters.ts";
+import { MAX_BATCH_LIFETIME_MS } from "./replay-claim.ts";
 
 export interface BatchPolicy {
   /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
@@ -131,4 +133,41 @@ export function jsonFilter(filter: z.output<typeof deadLetterFilterSchema>) {
     if (value !== undefined) out[key] = value instanceof Date ? value.toISOString() : String(value);
   }
   return out;
+}
+
+/**
+ * The checks of a batch's input the schema alone cannot make, against `now`:
+ * its expiry (from `expiresAt` or `expiresInMinutes`, in the future, at most
+ * 30 days ahead), the paced rate's floor (only with a share, not above the
+ * ceiling) and the filter's status. Throws INVALID_INPUT.
+ */
+export function checkedBatchInput(
+  parsed: z.output<typeof createSchema>,
+  now: Date,
+): { expiresAt: Date; rateFloor: number | null } {
+  const expiresAt = parsed.expiresAt ?? new Date(now.getTime() + (parsed.expiresInMinutes ?? 24 * 60) * 60_000);
+  if (expiresAt <= now) throw new OpsError("INVALID_INPUT", "invalid batch: expiresAt is in the past");
+  if (parsed.rateFloorPerSecond !== undefined && parsed.rateShareOfLive === undefined) {
+    throw new OpsError("INVALID_INPUT", "invalid batch: rateFloorPerSecond is for a batch paced by rateShareOfLive");
+  }
+  const rateFloor =
+    parsed.rateShareOfLive === undefined
+      ? null
+      : (parsed.rateFloorPerSecond ?? Math.min(DEFAULT_RATE_FLOOR_PER_SECOND, parsed.ratePerSecond));
+  if (rateFloor !== null && rateFloor > parsed.ratePerSecond) {
+    throw new OpsError("INVALID_INPUT", "invalid batch: rateFloorPerSecond is above ratePerSecond (the ceiling)");
+  }
+  if (expiresAt.getTime() > now.getTime() + MAX_BATCH_LIFETIME_MS) {
+    throw new OpsError(
+      "INVALID_INPUT",
+      "invalid batch: expiresAt is more than 30 days ahead (a batch lives at most 30 days)",
+    );
+  }
+  if (parsed.filter.status && parsed.filter.status !== "pending_review") {
+    throw new OpsError(
+      "INVALID_INPUT",
+      "invalid batch: a batch replays pending_review letters only; drop filter.status",
+    );
+  }
+  return { expiresAt, rateFloor };
 }

@@ -6,7 +6,9 @@
  * Each takes the database and the batch id.
  */
 import { sql } from "drizzle-orm";
+import type { ReplayBatchRow } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
+import type { BatchView } from "./batch-input.ts";
 import { rowsOf } from "./ops-helpers.ts";
 
 type Db = Pick<AnyPgDatabase, "execute">;
@@ -156,4 +158,33 @@ export function outcomeOf() {
                                        and o.status = 'replayed'
                                        and o.status_changed_at > d.status_changed_at
                                        and o.status_changed_at <= n.created_at)) as failed`;
+}
+
+/**
+ * A batch's view: the row's counts plus what `unresolvedNow` found resolved
+ * live, what is still unresolved or pending, and the recovery proof
+ * (#21 item 7): recovered only when every replayed job resolved and nothing
+ * is left to replay.
+ */
+export function viewOf(batch: ReplayBatchRow, live: Awaited<ReturnType<typeof unresolvedNow>>): BatchView {
+  const failedAgain = batch.failedAgain + live.failedAgain;
+  const succeeded = batch.succeeded + live.succeeded;
+  const duplicates = batch.duplicates + live.duplicates;
+  const unresolved = Math.max(0, batch.replayed - failedAgain - succeeded - duplicates);
+  const pending = Math.max(0, batch.selected - batch.replayed - batch.skipped);
+  const recovered = unresolved === 0 && pending === 0;
+  const resolvedAt = live.lastResolvedAt ?? batch.lastResolvedAt;
+  return {
+    ...batch,
+    failedAgain,
+    succeeded,
+    duplicates,
+    unresolved,
+    pending,
+    recovered,
+    timeToRecoveryMs:
+      recovered && batch.startedAt && resolvedAt
+        ? Math.max(0, new Date(resolvedAt).getTime() - batch.startedAt.getTime())
+        : null,
+  };
 }

@@ -32,22 +32,16 @@ import {
   type BatchPolicy,
   type BatchView,
   type CreateBatchInput,
+  checkedBatchInput,
   createSchema,
   DEFAULT_BATCH_POLICY,
-  DEFAULT_RATE_FLOOR_PER_SECOND,
   jsonFilter,
   MAX_BATCH_LETTERS,
   type RunOptions,
 } from "./batch-input.ts";
-import { recordItem, resolveReplayed, sampleStats, unresolvedNow } from "./batch-resolution.ts";
+import { recordItem, resolveReplayed, sampleStats, unresolvedNow, viewOf } from "./batch-resolution.ts";
 import { type DeadLetterFilter, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
-import {
-  type BatchHalt,
-  type DeadLetterOperations,
-  filterConditions,
-  MAX_BATCH_LIFETIME_MS,
-  operatorName,
-} from "./operations.ts";
+import { type BatchHalt, type DeadLetterOperations, filterConditions, operatorName } from "./operations.ts";
 import { batchConsumers, liveRatePerSecond, pacedRate } from "./pacing.ts";
 import { markAudited } from "./refusals.ts";
 
@@ -82,33 +76,7 @@ export class ReplayBatches {
         throw new OpsError("INVALID_INPUT", "invalid batch: give expiresAt or expiresInMinutes, not both");
       }
       const now = this.#now();
-      const expiresAt = parsed.expiresAt ?? new Date(now.getTime() + (parsed.expiresInMinutes ?? 24 * 60) * 60_000);
-      if (expiresAt <= now) throw new OpsError("INVALID_INPUT", "invalid batch: expiresAt is in the past");
-      if (parsed.rateFloorPerSecond !== undefined && parsed.rateShareOfLive === undefined) {
-        throw new OpsError(
-          "INVALID_INPUT",
-          "invalid batch: rateFloorPerSecond is for a batch paced by rateShareOfLive",
-        );
-      }
-      const rateFloor =
-        parsed.rateShareOfLive === undefined
-          ? null
-          : (parsed.rateFloorPerSecond ?? Math.min(DEFAULT_RATE_FLOOR_PER_SECOND, parsed.ratePerSecond));
-      if (rateFloor !== null && rateFloor > parsed.ratePerSecond) {
-        throw new OpsError("INVALID_INPUT", "invalid batch: rateFloorPerSecond is above ratePerSecond (the ceiling)");
-      }
-      if (expiresAt.getTime() > now.getTime() + MAX_BATCH_LIFETIME_MS) {
-        throw new OpsError(
-          "INVALID_INPUT",
-          "invalid batch: expiresAt is more than 30 days ahead (a batch lives at most 30 days)",
-        );
-      }
-      if (parsed.filter.status && parsed.filter.status !== "pending_review") {
-        throw new OpsError(
-          "INVALID_INPUT",
-          "invalid batch: a batch replays pending_review letters only; drop filter.status",
-        );
-      }
+      const { expiresAt, rateFloor } = checkedBatchInput(parsed, now);
       const filter = { ...parsed.filter, status: undefined };
       // The threshold counts what this requester replayed without approval
       // over the window too: splitting a selection (`limit`) does not avoid it.
@@ -233,26 +201,7 @@ export class ReplayBatches {
   async get(id: string): Promise<BatchView> {
     const batch = await this.#load(id);
     const live = await unresolvedNow(this.#db, id);
-    const failedAgain = batch.failedAgain + live.failedAgain;
-    const succeeded = batch.succeeded + live.succeeded;
-    const duplicates = batch.duplicates + live.duplicates;
-    const unresolved = Math.max(0, batch.replayed - failedAgain - succeeded - duplicates);
-    const pending = Math.max(0, batch.selected - batch.replayed - batch.skipped);
-    const recovered = unresolved === 0 && pending === 0;
-    const resolvedAt = live.lastResolvedAt ?? batch.lastResolvedAt;
-    return {
-      ...batch,
-      failedAgain,
-      succeeded,
-      duplicates,
-      unresolved,
-      pending,
-      recovered,
-      timeToRecoveryMs:
-        recovered && batch.startedAt && resolvedAt
-          ? Math.max(0, new Date(resolvedAt).getTime() - batch.startedAt.getTime())
-          : null,
-    };
+    return viewOf(batch, live);
   }
 
   /** Batches, newest first, a page at a time: pass `cursor` (the last id of a page) for the next. */
