@@ -44,6 +44,7 @@ import {
   isDatabaseError,
   type OpsDatabase,
   openOpsDatabase,
+  type ShippedRole,
 } from "./database.ts";
 import { age, duration, fields, json, nameFlags, prettyPayload, table } from "./format.ts";
 import { EXIT, out, printReport, rowsOf, view } from "./output.ts";
@@ -149,6 +150,7 @@ async function withOps(needs: Needs, run: (ctx: Context) => Promise<void>): Prom
       throw new ExitError(EXIT.usage, problem);
     }
     try {
+      if (needs !== "read") await requireRole(database, commandPath === "batch approve" ? "approver" : "operator");
       await runWith(needs, database, databaseUrl, batchPolicy, run);
     } catch (error) {
       // The CLI's own refusals of a mutating command (the library audits those it makes).
@@ -178,6 +180,8 @@ async function runWith(
   // letter no transport here can deliver is refused, never "replayed".
   const transport = await openReplayTransport({ databaseUrl });
   try {
+    // In-process, the module's consumers run in this process under this login.
+    if (transport.transport === "in-process") await requireRole(database, "worker");
     await run({
       // SOFTCRUM_OPS_APPROVAL_THRESHOLD is a batch setting; direct replays keep
       // the library's threshold over the rolling window (#10 item 4).
@@ -192,6 +196,26 @@ async function runWith(
   } finally {
     await transport.close();
   }
+}
+
+/**
+ * Refuses, before anything changes, a command this login's roles do not
+ * allow (#21 item 3): one line naming the role to grant. The database
+ * refuses it anyway; this says so before a letter is touched.
+ */
+async function requireRole(database: OpsDatabase, needed: "operator" | "approver" | "worker"): Promise<void> {
+  const role = `softcrum_${needed === "worker" ? "worker" : `ops_${needed}`}` as ShippedRole;
+  if (await database.mayActAs(role)) return;
+  const why =
+    needed === "worker"
+      ? "with the in-process queue, replays run the module's consumers inside this CLI"
+      : needed === "approver"
+        ? "approving another person's batch needs it"
+        : `"${commandPath}" changes state`;
+  throw new ExitError(
+    EXIT.failure,
+    `the database role "${database.operator}" is not a member of ${role} (${why}): grant ${role} to ${database.operator} (runbooks/dead-letter-replay.md, "Database roles")`,
+  );
 }
 
 /**

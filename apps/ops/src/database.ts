@@ -20,8 +20,17 @@ export interface OpsDatabase {
   /** The role this connection authenticated as: the operator recorded on every change. */
   readonly operator: string;
   readonly database: string;
+  /**
+   * Whether this login may act as `role` grants (a shipped role, migration
+   * 0018_ops_roles): a member of it, or a session the database trusts to name
+   * the actor (the schema's owner, the HTTP API's role).
+   */
+  mayActAs(role: ShippedRole): Promise<boolean>;
   close(): Promise<void>;
 }
+
+/** The roles the deploy step's migrations create (runbooks/dead-letter-replay.md, "Database roles"). */
+export type ShippedRole = "softcrum_ops_operator" | "softcrum_ops_approver" | "softcrum_worker";
 
 /** Tables every operator command reads. */
 const TABLES = ["core.dead_letters", "core.replay_batches", "core.replay_batch_items", "core.ops_audit"] as const;
@@ -56,7 +65,13 @@ export async function openOpsDatabase(url: string): Promise<OpsDatabase> {
         `the database role "${operator}" may not read ${unreadable.join(", ")}: grant it the operator privileges (runbooks/dead-letter-replay.md, "Database roles")`,
       );
     }
-    return { db: drizzle({ client }) as unknown as AnyPgDatabase, operator, database, close };
+    const mayActAs = async (role: ShippedRole) => {
+      const [row] = await client<{ may: boolean }[]>`
+        select to_regrole(${role}) is not null
+               and (core.ops_trusted() or pg_has_role(session_user, ${role}, 'MEMBER')) as may`;
+      return row?.may === true;
+    };
+    return { db: drizzle({ client }) as unknown as AnyPgDatabase, operator, database, mayActAs, close };
   } catch (error) {
     void close();
     throw error instanceof DatabaseProblem ? error : new DatabaseProblem(explainDatabaseError(error, target));

@@ -36,15 +36,13 @@ async function operatorRole(role: string, grants: "operator" | "none" | "read-on
     )
     .catch(() => {});
   if (grants === "none") return;
-  await pg.sql.unsafe(`grant usage on schema core to ${role}; grant select on all tables in schema core to ${role}`);
-  if (grants === "read-only") return;
-  // What the runbook's "Database roles" grants, plus the module's tables: with the in-process
-  // transport the module's consumers run inside the CLI (replays are consumed there).
-  await pg.sql.unsafe(`
-    grant usage on schema core, loyalty, drizzle to ${role};
-    grant select, insert, update, delete on all tables in schema core, loyalty to ${role};
-    grant select on all tables in schema drizzle to ${role};
-    grant usage on all sequences in schema core, loyalty to ${role}`);
+  // The shipped roles (migration 0018_ops_roles), as the runbook's "Database roles" grants them;
+  // with the in-process transport the module's consumers run inside the CLI (softcrum_worker).
+  await pg.sql.unsafe(
+    grants === "read-only"
+      ? `grant softcrum_ops_reader to ${role}`
+      : `grant softcrum_ops_operator, softcrum_ops_approver, softcrum_worker to ${role}`,
+  );
 }
 const opsJson = async (args: string[], env: Record<string, string> = {}) => {
   const result = await ops([...args, "--json"], env);
@@ -297,8 +295,15 @@ describe("pnpm ops, end to end on a real database", () => {
     const refused = await ops(["dlq", "discard", letter?.id as string, "--reason", "secret reason 4411"], as(reader));
     expect(refused.code).toBe(1);
     expect(refused.stderr.trim().split("\n")).toHaveLength(1);
-    expect(refused.stderr).toMatch(/lacks a privilege this command needs: permission denied for table dead_letters/);
+    // Refused before anything changes, naming the role to grant (#21 item 3).
+    expect(refused.stderr).toMatch(
+      /is not a member of softcrum_ops_operator .*grant softcrum_ops_operator to ops_cli_reader/,
+    );
     expect(refused.stderr).not.toMatch(/Failed query|params|update|secret reason|core\.dead_letters" set/i);
+    const [after] = await pg.sql<
+      { status: string }[]
+    >`select status from core.dead_letters where id = ${letter?.id as string}`;
+    expect(after?.status).toBe("pending_review");
   });
 
   test("every list command works without any filter (#10 item 11)", async () => {

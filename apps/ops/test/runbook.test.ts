@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { runScript, type ScriptResult, useTestDatabase } from "@softcrum/testing";
+import postgres from "postgres";
 import { beforeAll, describe, expect, test } from "vitest";
 
 /**
@@ -18,6 +19,7 @@ const RUNBOOK = readFileSync(
 );
 const ANA = "ops_runbook_ana";
 const BO = "ops_runbook_bo";
+const CARLA = "ops_runbook_carla";
 
 const urlAs = (role: string) => {
   const u = new URL(pg.url);
@@ -26,18 +28,27 @@ const urlAs = (role: string) => {
   return u.toString();
 };
 
-async function operatorRole(role: string) {
-  await pg.sql
-    .unsafe(
-      `do $$ begin create role ${role} login password 'operator-password'; exception when others then null; end $$`,
-    )
-    .catch(() => {});
-  // The runbook's "Database roles" grants, plus the module's tables (in-process replays run in the CLI).
-  await pg.sql.unsafe(`
-    grant usage on schema core, loyalty, drizzle to ${role};
-    grant select, insert, update, delete on all tables in schema core, loyalty to ${role};
-    grant select on all tables in schema drizzle to ${role};
-    grant usage on all sequences in schema core, loyalty to ${role}`);
+/**
+ * The runbook's "Database roles" block, run as written with this test's
+ * login names: the shipped roles are all the grants an operator gets. Login
+ * roles are cluster-wide, so one made by an earlier run is granted the same
+ * roles instead.
+ */
+async function runbookRoles() {
+  const block = blocks("sql").find((q) => /create role/i.test(q)) as string;
+  const names: Record<string, string> = { ana: ANA, bo: BO, carla: CARLA };
+  const statements = block
+    .split(";")
+    .map((s) => s.replace(/--[^\n]*/g, "").trim())
+    .filter(Boolean)
+    .map((s) => s.replace(/\b(ana|bo|carla)\b/g, (n) => names[n] as string).replace("'…'", "'operator-password'"));
+  for (const statement of statements) {
+    await pg.sql.unsafe(statement).catch(async (error: { code?: string }) => {
+      const made = /^create role (\w+) .* in role (.+)$/i.exec(statement);
+      if (error.code !== "42710" || !made) throw error;
+      await pg.sql.unsafe(`grant ${made[2]} to ${made[1]}`);
+    });
+  }
 }
 
 function run(args: string[], env: Record<string, string>): Promise<ScriptResult> {
@@ -97,8 +108,7 @@ function runbookCommands(): Step[] {
 }
 
 beforeAll(async () => {
-  await operatorRole(ANA);
-  await operatorRole(BO);
+  await runbookRoles();
   // `pnpm demo` against this (migrated) database: the data the runbook is written for.
   const demo = await runScript(fileURLToPath(new URL("../../loyalty/src/demo.ts", import.meta.url)), [], {
     cwd: ROOT,
@@ -187,5 +197,137 @@ describe("runbooks/dead-letter-replay.md works verbatim on the demo data (#10 it
         await pg.sql.unsafe(statement.replaceAll("<batch-id>", batch?.id ?? "00000000-0000-0000-0000-000000000000"));
       }
     }
+  });
+});
+
+/** A connection logged in as `role`, as an operator with psql would have. */
+async function asRole<T>(role: string, work: (sql: postgres.Sql) => Promise<T>): Promise<T> {
+  const sql = postgres(urlAs(role), { max: 1, onnotice: () => {} });
+  try {
+    return await work(sql);
+  } finally {
+    await sql.end({ timeout: 2 });
+  }
+}
+
+/** The code of the error a statement failed with (undefined: it did not fail). */
+const refusedWith = (statement: Promise<unknown>) =>
+  statement.then(
+    () => undefined,
+    (error: { code?: string; message?: string }) => `${error.code}: ${error.message}`,
+  );
+
+describe("the shipped roles (#21 item 3)", () => {
+  test("the forgery of item 7 is refused by the database: approved_by and audit rows cannot be typed by hand", async () => {
+    // A batch of ana's waiting for approval (the threshold 0 makes any batch wait).
+    const env = { DATABASE_URL: urlAs(ANA), SOFTCRUM_OPS_APPROVAL_THRESHOLD: "0" };
+    const made = await run(
+      ["batch", "create", "--class", "poison", "--reason", "forgery check", "--rate", "1", "--json"],
+      env,
+    );
+    expect(made.code, made.stderr).toBe(0);
+    const batch = JSON.parse(made.stdout).id as string;
+    const auditBefore = (await pg.sql<{ n: number }[]>`select count(*)::int as n from core.ops_audit`)[0]?.n;
+
+    const refusals = await asRole(ANA, async (sql) => ({
+      // The runbook's old grants let these through (issue #21 item 7).
+      updateBatch: await refusedWith(sql`update core.replay_batches set approved_by = ${BO} where id = ${batch}`),
+      insertAudit: await refusedWith(sql`
+        insert into core.ops_audit (id, at, operator, action, scope, result)
+        values (gen_random_uuid(), now(), ${BO}, 'batch.approve', ${sql.json({ batchId: batch })}, 'ok')`),
+      updateLetter: await refusedWith(sql`update core.dead_letters set status = 'discarded'`),
+      deleteAudit: await refusedWith(sql`delete from core.ops_audit`),
+      // The functions bind the actor to the login: naming someone else is refused.
+      auditAsBo: await refusedWith(sql`
+        select core.ops_audit_write(gen_random_uuid(), now(), ${BO}, 'batch.approve', '{}'::jsonb, 'ok', null)`),
+      approveAsBo: await refusedWith(sql`select core.ops_batch_approve(${batch}::uuid, ${BO}, null)`),
+      approveOwn: await refusedWith(sql`select core.ops_batch_approve(${batch}::uuid, null, null)`),
+      pruneYoung: await refusedWith(sql`select core.ops_prune_audit(now(), 1000)`),
+    }));
+    expect(refusals.updateBatch).toMatch(/^42501: permission denied for table replay_batches/);
+    expect(refusals.insertAudit).toMatch(/^42501: permission denied for table ops_audit/);
+    expect(refusals.updateLetter).toMatch(/^42501: permission denied for table dead_letters/);
+    expect(refusals.deleteAudit).toMatch(/^42501: permission denied for table ops_audit/);
+    expect(refusals.auditAsBo).toMatch(new RegExp(`^42501: role ${ANA} may not act as ${BO}`));
+    expect(refusals.approveAsBo).toMatch(/^42501: permission denied for function ops_batch_approve/);
+    expect(refusals.approveOwn).toMatch(/^42501: permission denied for function ops_batch_approve/);
+    expect(refusals.pruneYoung).toMatch(/^42501: audit entries younger than 30 days are never deleted/);
+
+    // bo may approve, but not his own batch, and not in someone else's name.
+    const own = JSON.parse(
+      (
+        await run(["batch", "create", "--class", "poison", "--reason", "bo's own", "--rate", "1", "--json"], {
+          ...env,
+          DATABASE_URL: urlAs(BO),
+        })
+      ).stdout,
+    ).id as string;
+    const bo = await asRole(BO, async (sql) => ({
+      approveOwn: await refusedWith(sql`select core.ops_batch_approve(${own}::uuid, null, null)`),
+      approveAsCarla: await refusedWith(sql`select core.ops_batch_approve(${batch}::uuid, ${CARLA}, null)`),
+    }));
+    expect(bo.approveOwn).toMatch(new RegExp(`^42501: ${BO} requested batch ${own} and cannot approve it`));
+    expect(bo.approveAsCarla).toMatch(new RegExp(`^42501: role ${BO} may not act as ${CARLA}`));
+
+    // Nothing of the above was written; ana's batch still waits.
+    expect((await pg.sql<{ n: number }[]>`select count(*)::int as n from core.ops_audit`)[0]?.n).toBe(
+      (auditBefore ?? 0) + 1, // bo's batch.create
+    );
+    const [row] = await pg.sql<{ status: string; approved_by: string | null }[]>`
+      select status, approved_by from core.replay_batches where id = ${batch}`;
+    expect(row).toEqual({ status: "awaiting_approval", approved_by: null });
+
+    // The real approval records the login that made it, in the row and the audit.
+    const approved = await run(["batch", "approve", batch, "--json"], { ...env, DATABASE_URL: urlAs(BO) });
+    expect(approved.code, approved.stderr).toBe(0);
+    expect(JSON.parse(approved.stdout)).toMatchObject({ status: "ready", approvedBy: BO, requestedBy: ANA });
+    const [audit] = await pg.sql<{ operator: string }[]>`
+      select operator from core.ops_audit where action = 'batch.approve' and scope ->> 'batchId' = ${batch}`;
+    expect(audit?.operator).toBe(BO);
+    await run(["batch", "stop", batch, "--reason", "forgery check done"], env);
+    await run(["batch", "stop", own, "--reason", "forgery check done"], { ...env, DATABASE_URL: urlAs(BO) });
+  });
+
+  test("a reader runs every read-only runbook command; each changing one is refused in one line naming the grant, before anything changes", async () => {
+    const [letter] = await pg.sql<{ id: string }[]>`select id from core.dead_letters order by id limit 1`;
+    const [batch] = await pg.sql<{ id: string }[]>`select id from core.replay_batches order by id limit 1`;
+    const snapshot = () => pg.sql<{ state: string }[]>`
+      select (select md5(string_agg(d::text, '' order by d.id)) from core.dead_letters d)
+          || (select md5(string_agg(b::text, '' order by b.id)) from core.replay_batches b) as state`;
+    const before = await snapshot();
+    const env = { DATABASE_URL: urlAs(CARLA), COLUMNS: "120" };
+    let reads = 0;
+    let changes = 0;
+    for (const step of runbookCommands()) {
+      const command = step.args.slice(0, 2).join(" ");
+      const args = step.args.map((a) =>
+        a
+          .replace("<id>", letter?.id as string)
+          .replace("<batch-id>", batch?.id as string)
+          .replace("<cursor>", "00000000-0000-0000-0000-000000000000.00000000-0000-0000-0000-000000000000"),
+      );
+      const stepEnv = { ...env, ...step.env, DATABASE_URL: urlAs(CARLA) };
+      const result = await run(args, stepEnv);
+      // Audit prune is an operator's command, its dry run too.
+      const changing =
+        ["dlq replay", "dlq discard", "audit prune"].includes(command) ||
+        (command.startsWith("batch ") && !["batch show", "batch list"].includes(command));
+      if (changing) {
+        changes += 1;
+        expect(result.code, step.line).toBe(1);
+        expect(result.stderr.trim().split("\n"), step.line).toHaveLength(1);
+        expect(result.stderr, step.line).toMatch(
+          new RegExp(
+            `"${CARLA}" is not a member of softcrum_ops_(operator|approver) .*: grant softcrum_ops_\\w+ to ${CARLA}`,
+          ),
+        );
+      } else {
+        reads += 1;
+        expect(result.code, `${step.line}\n${result.stderr}`).toBe(0);
+      }
+    }
+    expect(reads).toBeGreaterThanOrEqual(10);
+    expect(changes).toBeGreaterThanOrEqual(10);
+    expect(await snapshot()).toEqual(before);
   });
 });

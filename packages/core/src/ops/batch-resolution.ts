@@ -24,14 +24,10 @@ export async function recordItem(
   state: "replayed" | "skipped",
   now: Date,
 ): Promise<void> {
-  await db.execute(sql`
-    with marked as (
-      update core.replay_batch_items set state = ${state}, replayed_at = ${now.toISOString()}::timestamptz
-      where batch_id = ${id} and dead_letter_id = ${deadLetterId} and state = 'pending'
-      returning 1)
-    update core.replay_batches
-    set ${state === "replayed" ? sql`replayed = replayed + 1` : sql`skipped = skipped + 1`}
-    where id = ${id} and exists (select 1 from marked)`);
+  // Through the database's function: operators have no UPDATE on the batch's row.
+  await db.execute(
+    sql`select core.ops_batch_record_item(${id}::uuid, ${deadLetterId}::uuid, ${state}, ${now.toISOString()}::timestamptz)`,
+  );
 }
 
 /**
@@ -47,44 +43,10 @@ export async function resolveReplayed(
   id: string,
   now: Date,
 ): Promise<{ succeeded: number; failedAgain: number }> {
-  const result = await db.execute(sql`
-    with page as (
-      select i.dead_letter_id, i.replayed_at, f.failed, f.succeeded, f.duplicate
-      from core.replay_batch_items i
-      join core.dead_letters d on d.id = i.dead_letter_id
-      cross join lateral (${outcomeOf()}) f
-      where i.batch_id = ${id} and i.state = 'replayed' and i.resolution is null
-      order by i.replayed_at
-      limit ${RESOLVE_PAGE}
-    ), done as (
-      update core.replay_batch_items i
-      set resolution = case when page.failed then 'failed_again' when page.duplicate then 'duplicate' else 'succeeded' end
-      from page
-      where i.batch_id = ${id} and i.dead_letter_id = page.dead_letter_id and i.resolution is null
-        and (page.failed or page.succeeded)
-      returning i.resolution, i.replayed_at
-    ), counted as (
-      select count(*) filter (where d.resolution = 'succeeded')::int as succeeded,
-             count(*) filter (where d.resolution = 'failed_again')::int as failed_again,
-             count(*) filter (where d.resolution = 'duplicate')::int as duplicates,
-             count(*) filter (where d.resolution = 'succeeded' and d.replayed_at >= b.rate_window_start)::int as window_succeeded,
-             count(*) filter (where d.resolution = 'failed_again' and d.replayed_at >= b.rate_window_start)::int as window_failed_again,
-             count(*) filter (where d.resolution = 'duplicate' and d.replayed_at >= b.rate_window_start)::int as window_duplicates
-      from done d cross join (select rate_window_start from core.replay_batches where id = ${id}) b
-    ), bumped as (
-      update core.replay_batches b
-      set succeeded = b.succeeded + c.succeeded,
-          failed_again = b.failed_again + c.failed_again,
-          duplicates = b.duplicates + c.duplicates,
-          window_succeeded = b.window_succeeded + c.window_succeeded,
-          window_failed_again = b.window_failed_again + c.window_failed_again,
-          window_duplicates = b.window_duplicates + c.window_duplicates,
-          last_resolved_at = ${now.toISOString()}::timestamptz
-      from counted c
-      where b.id = ${id} and (c.succeeded > 0 or c.failed_again > 0 or c.duplicates > 0)
-      returning 1
-    )
-    select succeeded, failed_again from counted`);
+  // Through the database's function (ops_batch_resolve), for the same reason.
+  const result = await db.execute(
+    sql`select succeeded, failed_again from core.ops_batch_resolve(${id}::uuid, ${now.toISOString()}::timestamptz, ${RESOLVE_PAGE})`,
+  );
   const [row] = rowsOf<{ succeeded: number; failed_again: number }>(result);
   return { succeeded: row?.succeeded ?? 0, failedAgain: row?.failed_again ?? 0 };
 }
@@ -139,25 +101,8 @@ export async function unresolvedNow(
  * replay is this one (failed again).
  */
 export function outcomeOf() {
-  return sql`
-    select exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer) as succeeded,
-           -- A fence older than the replay's claim: the job's work had been done before it was replayed.
-           exists (select 1 from core.processed_jobs p where p.job_id = d.job_id::uuid and p.consumer = d.consumer
-                   and p.processed_at < d.status_changed_at) as duplicate,
-           (select max(t) from (select p.processed_at as t from core.processed_jobs p
-                                where p.job_id = d.job_id::uuid and p.consumer = d.consumer
-                                union all
-                                select n.created_at from core.dead_letters n
-                                where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
-                                  and n.created_at >= d.status_changed_at) r) as resolved_at,
-           exists (select 1 from core.dead_letters n
-                   where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
-                     and n.created_at >= d.status_changed_at
-                     and not exists (select 1 from core.dead_letters o
-                                     where o.job_id = d.job_id and o.consumer = d.consumer and o.id <> d.id
-                                       and o.status = 'replayed'
-                                       and o.status_changed_at > d.status_changed_at
-                                       and o.status_changed_at <= n.created_at)) as failed`;
+  // One definition, in the database: ops_batch_resolve uses it too.
+  return sql`select * from core.ops_replay_outcome(d.id, d.job_id, d.consumer, d.status_changed_at)`;
 }
 
 /**

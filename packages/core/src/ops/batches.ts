@@ -14,7 +14,7 @@
  * step costs the same at the 100,000th letter as at the first.
  */
 import { hostname } from "node:os";
-import { and, asc, desc, eq, gt, inArray, isNull, lt, or } from "drizzle-orm";
+import { and, asc, desc, eq, lt, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { z } from "zod";
 import {
@@ -25,7 +25,6 @@ import {
   replayBatches,
   replayBatchItems,
 } from "../db/schema.ts";
-import type { WorkTransaction } from "../db/types.ts";
 import { describeError, OpsError } from "../errors.ts";
 import { sleep } from "../timers.ts";
 import {
@@ -41,7 +40,7 @@ import {
 } from "./batch-input.ts";
 import { recordItem, resolveReplayed, sampleStats, unresolvedNow, viewOf } from "./batch-resolution.ts";
 import { type DeadLetterFilter, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
-import { type BatchHalt, type DeadLetterOperations, filterConditions, operatorName } from "./operations.ts";
+import { type BatchHalt, type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
 import { batchConsumers, liveRatePerSecond, pacedRate } from "./pacing.ts";
 import { markAudited } from "./refusals.ts";
 
@@ -93,33 +92,26 @@ export class ReplayBatches {
           .orderBy(asc(deadLetters.id))
           .limit(parsed.limit ?? MAX_BATCH_LETTERS);
         if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
-        await tx.insert(replayBatches).values({
+        // Through the database's function: the requester it records is the
+        // session's role (or a trusted service's named subject).
+        const row = {
           id,
-          status: letters.length + recent > this.#policy.approvalThreshold ? "awaiting_approval" : "ready",
           filter: jsonFilter(parsed.filter),
-          requestedBy: parsed.operator,
           reason: parsed.reason,
-          ratePerSecond: parsed.ratePerSecond,
-          rateShare: parsed.rateShareOfLive ?? null,
-          rateFloor,
-          batchSize: parsed.batchSize,
-          sampleSize: parsed.sampleSize ?? null,
-          maxFailureRate: parsed.maxFailureRate,
-          maxDuplicateRate: parsed.maxDuplicateRate,
-          expiresAt,
-          selected: letters.length,
-          createdAt: now,
-        });
-        const sample = parsed.sampleSize ?? 0;
-        for (let i = 0; i < letters.length; i += 1000) {
-          await tx
-            .insert(replayBatchItems)
-            .values(
-              letters
-                .slice(i, i + 1000)
-                .map((l, j) => ({ batchId: id, deadLetterId: l.id, position: i + j, inSample: i + j < sample })),
-            );
-        }
+          rate_per_second: parsed.ratePerSecond,
+          rate_share: parsed.rateShareOfLive ?? null,
+          rate_floor: rateFloor,
+          batch_size: parsed.batchSize,
+          sample_size: parsed.sampleSize ?? null,
+          max_failure_rate: parsed.maxFailureRate,
+          max_duplicate_rate: parsed.maxDuplicateRate,
+          expires_at: expiresAt.toISOString(),
+          created_at: now.toISOString(),
+        };
+        await tx.execute(sql`
+          select core.ops_create_batch(${JSON.stringify(row)}::jsonb, ${parsed.operator},
+            ${letters.length + recent > this.#policy.approvalThreshold},
+            ${sql.param(letters.map((l) => l.id))}::uuid[], ${parsed.sampleSize ?? 0})`);
       });
       return this.get(id);
     });
@@ -137,7 +129,16 @@ export class ReplayBatches {
           `${operator} requested batch ${id} and cannot approve it; another operator must`,
         );
       }
-      await this.#transition(id, ["awaiting_approval"], "ready", { approvedBy: operator, approvedAt: this.#now() });
+      // The database binds the approver to the session and refuses the requester too (ops_batch_approve).
+      const [answer] = rowsOf<{ status: string | null }>(
+        await this.#db.execute(
+          sql`select core.ops_batch_approve(${id}::uuid, ${operator}, ${this.#now().toISOString()}::timestamptz) as status`,
+        ),
+      );
+      if (answer?.status === "missing") throw new OpsError("NOT_FOUND", `no replay batch ${id}`);
+      if (answer?.status) {
+        throw new OpsError("CONFLICT", `batch ${id} is ${answer.status}; it must be awaiting_approval to become ready`);
+      }
       return this.get(id);
     });
   }
@@ -147,7 +148,7 @@ export class ReplayBatches {
     return this.#ops.audited(operatorName(input?.operator), "batch.pause", scope, async () => {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const reason = parseInput(reasonSchema, input?.reason, "reason");
-      await this.#transition(id, ["ready", "running"], "paused", { stopReason: `paused by ${operator}: ${reason}` });
+      await this.#transition(id, ["ready", "running"], "paused", { action: "pause", operator, reason });
       return this.get(id);
     });
   }
@@ -159,22 +160,11 @@ export class ReplayBatches {
   async resume(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
     const scope = { batchId: id, reason: input?.reason };
     return this.#ops.audited(operatorName(input?.operator), "batch.resume", scope, async () => {
-      parseInput(operatorSchema, input?.operator, "operator");
-      parseInput(reasonSchema, input?.reason, "reason");
-      const batch = await this.#load(id);
-      const now = this.#now();
-      await this.#transition(id, ["paused"], "ready", {
-        stopReason: null,
-        rateWindowStart: now,
-        windowSucceeded: 0,
-        windowFailedAgain: 0,
-        windowDuplicates: 0,
-        // Only a sample that ran and failed is accepted by resuming; a pause
-        // for any other reason keeps the sample requirement.
-        ...(batch.sampleSize && !batch.samplePassedAt && batch.stopReason?.startsWith("sample:")
-          ? { samplePassedAt: now }
-          : {}),
-      });
+      const operator = parseInput(operatorSchema, input?.operator, "operator");
+      const reason = parseInput(reasonSchema, input?.reason, "reason");
+      // Only a sample that ran and failed is accepted by resuming (ops_batch_set
+      // 'resume'); a pause for any other reason keeps the sample requirement.
+      await this.#transition(id, ["paused"], "ready", { action: "resume", operator, reason });
       return this.get(id);
     });
   }
@@ -185,8 +175,9 @@ export class ReplayBatches {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const reason = parseInput(reasonSchema, input?.reason, "reason");
       await this.#transition(id, ["awaiting_approval", "ready", "running", "paused"], "stopped", {
-        stopReason: `stopped by ${operator}: ${reason}`,
-        endedAt: this.#now(),
+        action: "stop",
+        operator,
+        reason,
       });
       return this.get(id);
     });
@@ -278,32 +269,18 @@ export class ReplayBatches {
       await nothingToRun(
         `batch ${id} expired at ${first.expiresAt.toISOString()} before it finished; it is now expired`,
       );
-      return this.#finish(id, "expired", "expired before it finished");
+      return this.#finish(id, "expired", "expired before it finished", operator);
     }
     /** After this clock time the run claims nothing more (`maxDurationMs`, #21 item 2). */
     const deadline = options.maxDurationMs !== undefined ? startedAt + Math.max(0, options.maxDurationMs) : null;
 
     // Taken under the batch's lock: a takeover waits for the claims of the runner it replaces.
-    const leased = await this.#exclusively(id, (tx) =>
-      tx
-        .update(replayBatches)
-        .set({
-          status: "running",
-          leaseOwner: runner,
-          leaseExpiresAt: new Date(startedAt + this.#policy.leaseMs),
-          startedAt: first.startedAt ?? this.#now(),
-          rateWindowStart: first.rateWindowStart ?? this.#now(),
-        })
-        .where(
-          and(
-            eq(replayBatches.id, id),
-            inArray(replayBatches.status, ["ready", "running"]),
-            or(isNull(replayBatches.leaseOwner), lt(replayBatches.leaseExpiresAt, this.#now())),
-          ),
-        )
-        .returning({ id: replayBatches.id }),
-    );
-    if (leased.length === 0) {
+    const leased = await this.#set(id, "lease", {
+      operator,
+      runner,
+      leaseUntil: new Date(startedAt + this.#policy.leaseMs),
+    });
+    if (!leased) {
       const now = await this.#load(id);
       return refuse(
         new OpsError(
@@ -323,12 +300,7 @@ export class ReplayBatches {
     });
 
     const renewLease = () =>
-      this.#db
-        .update(replayBatches)
-        .set({ leaseExpiresAt: new Date(clock.now() + this.#policy.leaseMs) })
-        .where(
-          and(eq(replayBatches.id, id), eq(replayBatches.leaseOwner, runner), eq(replayBatches.status, "running")),
-        );
+      this.#set(id, "renew", { operator, runner, leaseUntil: new Date(clock.now() + this.#policy.leaseMs) });
     // The heartbeat: a wait longer than the lease (a slow publish, a rate
     // below one per lease) must not let a second runner take over mid-letter.
     let beat: Promise<unknown> | undefined;
@@ -346,29 +318,16 @@ export class ReplayBatches {
     heartbeat.unref();
 
     /** Renews the lease if this runner still holds a running, unexpired batch; false means stop. */
-    const stillMine = async () => {
-      const renewed = await this.#db
-        .update(replayBatches)
-        .set({ leaseExpiresAt: new Date(clock.now() + this.#policy.leaseMs) })
-        .where(
-          and(
-            eq(replayBatches.id, id),
-            eq(replayBatches.leaseOwner, runner),
-            eq(replayBatches.status, "running"),
-            gt(replayBatches.expiresAt, this.#now()),
-          ),
-        )
-        .returning({ id: replayBatches.id });
-      return renewed.length > 0;
-    };
+    const stillMine = () =>
+      this.#set(id, "renew_unexpired", { operator, runner, leaseUntil: new Date(clock.now() + this.#policy.leaseMs) });
     /** Pauses the batch (or returns it to approval) if this runner still runs it, and audits the pause as an action. */
     const pauseIfRunning = async (stopReason: string, cause: string) => {
-      const paused = await this.#db
-        .update(replayBatches)
-        .set({ status: cause === "needs_approval" ? "awaiting_approval" : "paused", stopReason })
-        .where(and(eq(replayBatches.id, id), eq(replayBatches.status, "running"), eq(replayBatches.leaseOwner, runner)))
-        .returning({ id: replayBatches.id });
-      if (paused.length > 0) {
+      const paused = await this.#set(id, cause === "needs_approval" ? "await_approval" : "pause_running", {
+        operator,
+        runner,
+        reason: stopReason,
+      });
+      if (paused) {
         await this.#ops.audit({
           operator,
           action: "batch.pause",
@@ -490,7 +449,7 @@ export class ReplayBatches {
       for (;;) {
         if (halted && !stopped) {
           await drain();
-          if (halted.cause === "expired") return this.#finish(id, "expired", halted.reason);
+          if (halted.cause === "expired") return this.#finish(id, "expired", halted.reason, operator);
           return this.get(id);
         }
         if (stopped) {
@@ -506,7 +465,7 @@ export class ReplayBatches {
         }
         if (batch.expiresAt.getTime() <= clock.now()) {
           await drain();
-          return this.#finish(id, "expired", "expired before it finished");
+          return this.#finish(id, "expired", "expired before it finished", operator);
         }
         if (options.signal?.aborted) {
           await drain();
@@ -546,7 +505,7 @@ export class ReplayBatches {
             await pauseIfRunning(verdict, verdict.startsWith("sample:") ? "sample" : "interrupted");
             return this.get(id);
           }
-          await this.#db.update(replayBatches).set({ samplePassedAt: this.#now() }).where(eq(replayBatches.id, id));
+          await this.#set(id, "sample_passed", { operator, runner });
           nextDue = clock.now() + intervalMs; // the wait earned nothing
           continue;
         }
@@ -554,7 +513,7 @@ export class ReplayBatches {
           // The last check decides first: a failure rate it found still pauses the batch.
           await settleCheck();
           if (stopped) continue;
-          return this.#finish(id, "completed", null);
+          return this.#finish(id, "completed", null, operator);
         }
 
         for (const item of items.slice(0, batch.batchSize)) {
@@ -603,10 +562,7 @@ export class ReplayBatches {
       await settleCheck();
       clearInterval(heartbeat);
       await beat;
-      await this.#db
-        .update(replayBatches)
-        .set({ leaseOwner: null, leaseExpiresAt: null })
-        .where(and(eq(replayBatches.id, id), eq(replayBatches.leaseOwner, runner)));
+      await this.#set(id, "release", { operator, runner });
       await progress().catch(() => {});
     }
   }
@@ -641,46 +597,70 @@ export class ReplayBatches {
     return batch;
   }
 
-  /** A conditional state change: it happens only from one of `from`, else CONFLICT saying the current state. */
+  /**
+   * A conditional state change by an operator (pause, resume, stop): it
+   * happens only from one of `from`, else CONFLICT saying the current state.
+   * The database function takes the batch's lock, so a pause or stop waits
+   * for the claims in flight and no claim after it can miss it (#21 item 1).
+   */
   async #transition(
     id: string,
     from: ReplayBatchStatus[],
     to: ReplayBatchStatus,
-    set: Partial<typeof replayBatches.$inferInsert>,
+    change: { action: "pause" | "resume" | "stop"; operator: string; reason: string },
   ) {
     // Validated before the query: a malformed id is bad input (400, exit 2), never a database error.
     parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
-    // Under the batch's lock: a pause or stop waits for the claims in flight,
-    // and no claim after it can miss it (#21 item 1).
-    const changed = await this.#exclusively(id, (tx) =>
-      tx
-        .update(replayBatches)
-        .set({ ...set, status: to })
-        .where(and(eq(replayBatches.id, id), inArray(replayBatches.status, from)))
-        .returning({ id: replayBatches.id }),
-    );
-    if (changed.length === 0) {
+    if (!(await this.#set(id, change.action, change))) {
       const batch = await this.#load(id);
       throw new OpsError("CONFLICT", `batch ${id} is ${batch.status}; it must be ${from.join(" or ")} to become ${to}`);
     }
   }
 
-  /** `work` in a transaction holding the batch's control lock exclusively (`lockBatch`). */
-  #exclusively<T>(id: string, work: (tx: WorkTransaction) => Promise<T>): Promise<T> {
-    return this.#db.transaction(async (tx) => {
-      await this.#ops.lockBatch(tx, id, "exclusive");
-      return work(tx);
-    });
+  /**
+   * One change of a batch's state, lease or progress through the database's
+   * function (ops_batch_set): operators have no UPDATE on the table, and the
+   * function records the session's role as who. True when the row changed.
+   */
+  async #set(
+    id: string,
+    action: BatchAction,
+    fields: { operator: string; reason?: string | null; runner?: string; leaseUntil?: Date },
+  ): Promise<boolean> {
+    const [row] = rowsOf<{ changed: boolean }>(
+      await this.#db.execute(sql`
+        select core.ops_batch_set(${id}::uuid, ${action}, ${fields.operator}, ${fields.reason ?? null},
+          ${fields.runner ?? null}, ${this.#now().toISOString()}::timestamptz,
+          ${fields.leaseUntil?.toISOString() ?? null}::timestamptz) as changed`),
+    );
+    return row?.changed === true;
   }
 
-  async #finish(id: string, status: "completed" | "expired", reason: string | null): Promise<BatchView> {
-    await this.#db
-      .update(replayBatches)
-      .set({ status, stopReason: reason, endedAt: this.#now(), leaseOwner: null, leaseExpiresAt: null })
-      .where(and(eq(replayBatches.id, id), inArray(replayBatches.status, ["ready", "running"])));
+  async #finish(
+    id: string,
+    status: "completed" | "expired",
+    reason: string | null,
+    operator: string,
+  ): Promise<BatchView> {
+    await this.#set(id, status === "completed" ? "complete" : "expire", { operator, reason });
     return this.get(id);
   }
 }
+
+/** What `ops_batch_set` does (drizzle/0018_ops_roles.sql). */
+type BatchAction =
+  | "pause"
+  | "stop"
+  | "resume"
+  | "lease"
+  | "renew"
+  | "renew_unexpired"
+  | "pause_running"
+  | "await_approval"
+  | "sample_passed"
+  | "release"
+  | "complete"
+  | "expire";
 
 // Moved by role (batch-input.ts, batch-resolution.ts); exported from here unchanged.
 export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batch-input.ts";

@@ -280,13 +280,11 @@ export class DeadLetterOperations {
       let deleted = 0;
       let batches = 0;
       for (;;) {
-        const result = await this.db.execute(sql`
-          with victim as (
-            delete from core.ops_audit where id in (
-              select id from core.ops_audit where at < ${cutoff.toISOString()}::timestamptz
-              order by at limit ${p.batchSize} for update skip locked)
-            returning 1)
-          select count(*)::int as n from victim`);
+        // Through the database's function: an operator's role may not delete
+        // audit rows itself, nor any younger than the minimum retention.
+        const result = await this.db.execute(
+          sql`select core.ops_prune_audit(${cutoff.toISOString()}::timestamptz, ${p.batchSize}) as n`,
+        );
         const n = rowsOf<{ n: number }>(result)[0]?.n ?? 0;
         batches += 1;
         deleted += n;
@@ -299,16 +297,12 @@ export class DeadLetterOperations {
   /** Marks pending letters `discarded` with who, when and why. A reason is required (the database enforces it too). */
   async discard(ids: readonly string[], input: { operator: string; reason: string }): Promise<ActionReport> {
     return this.#auditedAction("dead_letter.discard", ids, input, async ({ operator, reason, idList }) => {
-      const updated = await this.db
-        .update(deadLetters)
-        .set({
-          status: "discarded",
-          statusChangedAt: sql`now()`, // database time, like created_at
-          statusChangedBy: operator,
-          statusReason: reason,
-        })
-        .where(and(inArray(deadLetters.id, idList), eq(deadLetters.status, "pending_review")))
-        .returning({ id: deadLetters.id });
+      // The database records who (ops_discard_letters binds the actor to the session).
+      const updated = rowsOf<{ id: string }>(
+        await this.db.execute(
+          sql`select id::text from core.ops_discard_letters(${sql.param(idList)}::uuid[], ${operator}, ${reason}) as id`,
+        ),
+      );
       const done = new Set(updated.map((r) => r.id));
       return this.#report(idList, done, "discarded");
     });
@@ -483,15 +477,12 @@ export class DeadLetterOperations {
     result: "ok" | "rejected" | "refused" | "error";
     detail?: string;
   }) {
-    await this.db.insert(opsAudit).values({
-      id: uuidv7(),
-      at: new Date(this.clock.now()),
-      operator: entry.operator,
-      action: entry.action,
-      scope: entry.scope ?? {},
-      result: entry.result,
-      detail: entry.detail ?? null,
-    });
+    // Through the database's function: the row's operator is the session's
+    // role (or a trusted service's named subject), never a name typed here.
+    await this.db.execute(sql`
+      select core.ops_audit_write(${uuidv7()}::uuid, ${new Date(this.clock.now()).toISOString()}::timestamptz,
+        ${entry.operator}, ${entry.action}, ${JSON.stringify(entry.scope ?? {})}::jsonb, ${entry.result},
+        ${entry.detail ?? null})`);
   }
 
   /** Runs an action and audits it: ok, or rejected (OpsError) / error (anything else), then rethrows. */

@@ -5,7 +5,7 @@
  * bounded work per step.
  */
 import { useTestDatabase } from "@softcrum/testing";
-import { asc, eq } from "drizzle-orm";
+import { asc, eq, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
@@ -570,7 +570,9 @@ describe("two runners on one batch never miscount (#10 item 9)", () => {
     const [id] = await makeDeadLetters([award("race")]);
     broken.clear();
     const slow = createOps({ db: pg.db, replay: slowReplay(inProcessReplay(queue), 300) });
-    const batchId = uuidv7();
+    // The database lets a batch claim only its own letters while it runs.
+    const { id: batchId } = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 1 });
+    await pg.db.execute(sql`update core.replay_batches set status = 'running' where id = ${batchId}`);
     const winner = slow.deadLetters.replayOne(id as string, { operator: "ana", reason: "x", batchId });
     await new Promise((r) => setTimeout(r, 100)); // the winner holds the letter, publishing
     const loser = await ops.deadLetters.replayOne(id as string, { operator: "bo", reason: "y", batchId: null });

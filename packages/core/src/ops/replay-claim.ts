@@ -4,7 +4,7 @@
  * checked against in its own transaction, and the two-person rule's count and
  * locks. `DeadLetterOperations` delegates its public methods here.
  */
-import { and, eq, sql } from "drizzle-orm";
+import { eq, sql } from "drizzle-orm";
 import { deadLetters } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
 import { describeError, isSoftcrumError } from "../errors.ts";
@@ -111,8 +111,8 @@ export async function lockBatch(
 ): Promise<void> {
   await tx.execute(
     mode === "shared"
-      ? sql`select pg_advisory_xact_lock_shared(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`
-      : sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.batch'), hashtext(${batchId}))`,
+      ? sql`select pg_advisory_xact_lock_shared(hashtext('softcrum.ops.batch'), hashtext(${batchId}::uuid::text))`
+      : sql`select pg_advisory_xact_lock(hashtext('softcrum.ops.batch'), hashtext(${batchId}::uuid::text))`,
   );
 }
 
@@ -225,18 +225,14 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
           const halt = await batchMayClaim(ops, tx, input.batchId, input.guard);
           if (halt !== undefined) return { outcome: "halted" as const, halt };
         }
-        const [claimed] = await tx
-          .update(deadLetters)
-          .set({
-            status: "replayed",
-            // Database time: the replay-DLQ view compares it with dead letters' created_at.
-            statusChangedAt: sql`now()`,
-            statusChangedBy: input.operator,
-            statusReason: input.reason,
-            replayBatchId: input.batchId,
-          })
-          .where(and(eq(deadLetters.id, id), eq(deadLetters.status, "pending_review")))
-          .returning({ queue: deadLetters.queue, consumer: deadLetters.consumer });
+        // Through the database's function: it records the session's role (or
+        // a trusted service's named subject) as who replayed, and claims a
+        // batch's letter only while that batch runs under this runner.
+        const [claimed] = rowsOf<{ queue: string; consumer: string }>(
+          await tx.execute(sql`
+            select queue, consumer from core.ops_claim_letter(${id}::uuid, ${input.operator}, ${input.reason},
+              ${input.batchId}::uuid, ${input.guard?.runner ?? null})`),
+        );
         if (!claimed) return { outcome: "lost" as const };
         // Only to the letter's consumer, on its replay lane: the queue's other
         // consumers either have their fence already or had their own letter
