@@ -84,6 +84,7 @@ let commandPath = "";
 /** Commands that change something: a refusal of one is audited, whichever layer refused it (#10 item 5). */
 const MUTATING = new Set([
   "dlq replay",
+  "dlq replay-again",
   "dlq discard",
   "batch create",
   "batch approve",
@@ -362,24 +363,25 @@ export function buildProgram(): Command {
       }),
   );
 
-  for (const verb of ["replay", "discard"] as const) {
+  const verbs = {
+    replay: "republish the original envelope (same job_id); safe: the fence stops a second effect",
+    "replay-again": "replay again letters marked replayed whose replay never ran (no fence, no newer letter)",
+    discard: "close letters that will never be replayed",
+  } as const;
+  for (const [verb, description] of Object.entries(verbs) as [keyof typeof verbs, string][]) {
     COMMON(
-      dlq
-        .command(`${verb} <ids...>`)
-        .description(
-          verb === "replay"
-            ? "republish the original envelope (same job_id); safe: the fence stops a second effect"
-            : "close letters that will never be replayed",
-        )
-        .requiredOption("--reason <text>", "why (recorded)"),
+      dlq.command(`${verb} <ids...>`).description(description).requiredOption("--reason <text>", "why (recorded)"),
     ).action((ids: string[], o) =>
-      withOps(verb === "replay" ? "publish" : "write", async ({ ops, operator }) => {
+      withOps(verb === "discard" ? "write" : "publish", async ({ ops, operator }) => {
         flagsInUse = { reason: "--reason", ids: "<ids>" };
         const input = { operator, reason: o.reason };
-        printReport(
-          verb === "replay" ? await ops.deadLetters.replay(ids, input) : await ops.deadLetters.discard(ids, input),
-          o,
-        );
+        const act =
+          verb === "replay"
+            ? ops.deadLetters.replay(ids, input)
+            : verb === "replay-again"
+              ? ops.deadLetters.replayAgain(ids, input)
+              : ops.deadLetters.discard(ids, input);
+        printReport(await act, o);
       }),
     );
   }

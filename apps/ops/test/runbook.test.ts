@@ -149,13 +149,15 @@ describe("runbooks/dead-letter-replay.md works verbatim on the demo data (#10 it
         await json(["batch", "approve", watched as string], { ...env, DATABASE_URL: urlAs(BO) });
       }
       const id =
-        command === "dlq replay"
-          ? permanent
-          : command === "dlq discard"
-            ? poison[0]
-            : command === "dlq list"
-              ? nextPage
-              : permanent;
+        command === "dlq replay-again"
+          ? await lostReplay(permanent)
+          : command === "dlq replay"
+            ? permanent
+            : command === "dlq discard"
+              ? poison[0]
+              : command === "dlq list"
+                ? nextPage
+                : permanent;
       const batch = ["batch pause", "batch resume", "batch stop"].includes(command) ? watched : created;
       const args = step.args.map((a) =>
         a
@@ -168,7 +170,7 @@ describe("runbooks/dead-letter-replay.md works verbatim on the demo data (#10 it
         stepEnv[name] = value === "$APPROVER_DATABASE_URL" ? urlAs(BO) : value;
       }
       const result = await run(args, stepEnv);
-      expect(result.code, `${step.line}\n${result.stderr}`).toBe(0);
+      expect(result.code, `${step.line}\n${result.stderr}\n${result.stdout}`).toBe(0);
       expect(result.stderr, step.line).not.toMatch(/^error:/m);
       if (command === "batch create") {
         created = (await json(["batch", "list"])).items[0].id;
@@ -199,6 +201,23 @@ describe("runbooks/dead-letter-replay.md works verbatim on the demo data (#10 it
     }
   });
 });
+
+/**
+ * A letter whose replay never ran (the copy lost with a killed in-process
+ * CLI): a copy of `like`'s letter for a new job (a UUID v7), marked replayed, no fence.
+ */
+async function lostReplay(like: string): Promise<string> {
+  const [row] = await pg.sql<{ id: string }[]>`
+    with job as (select (lpad(to_hex((extract(epoch from now()) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid as job_id)
+    insert into core.dead_letters (id, job_id, queue, consumer, payload, payload_sha256, attempts, last_error,
+                                   error_class, status, status_changed_at, status_changed_by, status_reason)
+    select gen_random_uuid(), job.job_id::text, d.queue, d.consumer,
+           jsonb_set(d.payload::jsonb, '{job_id}', to_jsonb(job.job_id::text))::text, d.payload_sha256,
+           d.attempts, d.last_error, d.error_class, 'replayed', now() - interval '1 hour', ${ANA}, 'lost copy'
+    from core.dead_letters d, job where d.id = ${like}
+    returning id`;
+  return row?.id as string;
+}
 
 /** A connection logged in as `role`, as an operator with psql would have. */
 async function asRole<T>(role: string, work: (sql: postgres.Sql) => Promise<T>): Promise<T> {
@@ -310,7 +329,7 @@ describe("the shipped roles (#21 item 3)", () => {
       const result = await run(args, stepEnv);
       // Audit prune is an operator's command, its dry run too.
       const changing =
-        ["dlq replay", "dlq discard", "audit prune"].includes(command) ||
+        ["dlq replay", "dlq replay-again", "dlq discard", "audit prune"].includes(command) ||
         (command.startsWith("batch ") && !["batch show", "batch list"].includes(command));
       if (changing) {
         changes += 1;
@@ -323,7 +342,7 @@ describe("the shipped roles (#21 item 3)", () => {
         );
       } else {
         reads += 1;
-        expect(result.code, `${step.line}\n${result.stderr}`).toBe(0);
+        expect(result.code, `${step.line}\n${result.stderr}\n${result.stdout}`).toBe(0);
       }
     }
     expect(reads).toBeGreaterThanOrEqual(10);

@@ -314,7 +314,27 @@ export class DeadLetterOperations {
    * sample, approval).
    */
   async replay(ids: readonly string[], input: { operator: string; reason: string }): Promise<ActionReport> {
-    return this.#auditedAction("dead_letter.replay", ids, input, async ({ operator, reason, idList }) => {
+    return this.#replayMany("dead_letter.replay", ids, input, false);
+  }
+
+  /**
+   * Replays again letters that are `replayed` but whose replay never ran:
+   * their job has neither a fence nor a newer letter of the consumer since
+   * the replay (the copy was lost: an in-process queue killed mid-way). A
+   * replay that did run is reported `not_pending`; the rules of `replay`
+   * (at most `maxDirectReplay`, the two-person rule) hold (#21 item 4).
+   */
+  async replayAgain(ids: readonly string[], input: { operator: string; reason: string }): Promise<ActionReport> {
+    return this.#replayMany("dead_letter.replay_again", ids, input, true);
+  }
+
+  async #replayMany(
+    action: string,
+    ids: readonly string[],
+    input: { operator: string; reason: string },
+    again: boolean,
+  ): Promise<ActionReport> {
+    return this.#auditedAction(action, ids, input, async ({ operator, reason, idList }) => {
       if (idList.length > this.maxDirectReplay) {
         throw new OpsError(
           "INVALID_INPUT",
@@ -336,7 +356,7 @@ export class DeadLetterOperations {
         // in the transaction that claims it: of two direct replays of one
         // operator at the same time, neither can pass the threshold by
         // counting before the other's claims commit.
-        const { outcome, detail } = await this.replayOne(id, { operator, reason, batchId: null });
+        const { outcome, detail } = await this.replayOne(id, { operator, reason, batchId: null, again });
         // Only a batch's claim can be halted (it has a guard); a direct replay never is.
         if (outcome === "halted") throw new Error(`direct replay of ${id} was halted: ${detail}`);
         results.push({ id, outcome, ...(detail ? { detail } : {}) });

@@ -621,3 +621,51 @@ describe("bounded work per step (#10 item 10)", () => {
     expect(next.map((b) => b.id)).toEqual([ids[0]]);
   });
 });
+
+describe("replaying again a replay that never ran (#21 item 4)", () => {
+  test("a letter marked replayed whose copy was lost is replayed again once; one that ran, or a pending one, is not", async () => {
+    const [id, pending] = await makeDeadLetters([award("lost-copy", 7), award("still-pending")]);
+    broken.clear();
+    // A transport that says "stored" and loses the copy (an in-process queue killed mid-way).
+    const inProcess = inProcessReplay(queue);
+    const losing: ReplayTransport = {
+      route: (q, c) => inProcess.route(q, c),
+      publishReplay: async () => ({ messageId: "lost", stored: true }),
+    };
+    const lossy = createOps({ db: pg.db, replay: losing });
+    expect((await lossy.deadLetters.replay([id as string], { operator: "ana", reason: "x" })).counts).toEqual({
+      replayed: 1,
+    });
+    await queue.drain();
+    const [letter] = await pg.sql<{ job_id: string }[]>`select job_id from core.dead_letters where id = ${id as string}`;
+    expect(await statusOf(id as string)).toBe("replayed");
+    expect(await effectsOf(letter?.job_id as string)).toBe(0);
+
+    const again = await ops.deadLetters.replayAgain([id as string, pending as string], {
+      operator: "ana",
+      reason: "the first replay never ran",
+    });
+    expect(again.results).toEqual([
+      { id, outcome: "replayed" },
+      {
+        id: pending,
+        outcome: "not_pending",
+        detail: expect.stringMatching(/only a replayed letter whose replay never ran is replayed again/),
+      },
+    ]);
+    await queue.drain();
+    expect(await effectsOf(letter?.job_id as string)).toBe(1);
+
+    // It ran now: replaying it again is refused, and nothing is published.
+    const twice = await ops.deadLetters.replayAgain([id as string], { operator: "ana", reason: "again?" });
+    expect(twice.results).toEqual([
+      { id, outcome: "not_pending", detail: expect.stringMatching(/its replay ran: the job has a fence/) },
+    ]);
+    await queue.drain();
+    expect(await effectsOf(letter?.job_id as string)).toBe(1);
+    expect((await audit()).filter((a) => a.action === "dead_letter.replay_again").map((a) => a.result)).toEqual([
+      "ok",
+      "refused",
+    ]);
+  });
+});

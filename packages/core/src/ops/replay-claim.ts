@@ -40,6 +40,11 @@ export interface ReplayOneInput {
   reason: string;
   batchId: string | null;
   guard?: BatchClaimGuard;
+  /**
+   * Replay again a letter that is `replayed` but whose replay never ran (no
+   * fence, no newer letter: the copy was lost), instead of a pending one (#21 item 4).
+   */
+  again?: boolean;
 }
 
 /** What `replayOne` did with the letter. */
@@ -191,7 +196,14 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
     .from(deadLetters)
     .where(eq(deadLetters.id, id));
   if (!row) return { outcome: "not_found" };
-  if (row.status !== "pending_review") {
+  if (input.again === true && row.status !== "replayed") {
+    return {
+      outcome: "not_pending",
+      detail: `${notPendingDetail(row)}: only a replayed letter whose replay never ran is replayed again`,
+      replayBatchId: row.replayBatchId,
+    };
+  }
+  if (input.again !== true && row.status !== "pending_review") {
     return { outcome: "not_pending", detail: notPendingDetail(row), replayBatchId: row.replayBatchId };
   }
   const { envelope, problem } = decodePayload(row);
@@ -229,9 +241,13 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
         // a trusted service's named subject) as who replayed, and claims a
         // batch's letter only while that batch runs under this runner.
         const [claimed] = rowsOf<{ queue: string; consumer: string }>(
-          await tx.execute(sql`
+          await tx.execute(
+            input.again === true
+              ? sql`select queue, consumer from core.ops_reclaim_letter(${id}::uuid, ${input.operator}, ${input.reason})`
+              : sql`
             select queue, consumer from core.ops_claim_letter(${id}::uuid, ${input.operator}, ${input.reason},
-              ${input.batchId}::uuid, ${input.guard?.runner ?? null})`),
+              ${input.batchId}::uuid, ${input.guard?.runner ?? null})`,
+          ),
         );
         if (!claimed) return { outcome: "lost" as const };
         // Only to the letter's consumer, on its replay lane: the queue's other
@@ -270,6 +286,14 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
           };
         }
         if (result.outcome !== "lost") return result;
+        if (input.again === true) {
+          return {
+            outcome: "not_pending" as const,
+            detail:
+              "its replay ran: the job has a fence or a newer letter (look at failed-after-replay), or it changed meanwhile",
+            replayBatchId: row.replayBatchId,
+          };
+        }
         // Lost the race: say who won, so a batch runner counts a letter its own
         // batch replayed (an earlier runner) as replayed, not skipped.
         const [now] = await ops.db
