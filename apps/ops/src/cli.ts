@@ -36,7 +36,7 @@ import {
 import { Command, CommanderError, Option } from "commander";
 import { printBatch, rateOptions, runBatch } from "./batch-run.ts";
 import { batchPolicyFromEnv, ExitError, filterOptions, readFilter } from "./cli-options.ts";
-import { openReplayTransport } from "./composition.ts";
+import { openReplayTransport, replayTransportKind } from "./composition.ts";
 import {
   DatabaseProblem,
   describeTarget,
@@ -179,10 +179,11 @@ async function runWith(
   }
   // The platform transport and the modules' replay routes (composition.ts): a
   // letter no transport here can deliver is refused, never "replayed".
+  // In-process, the module's consumers run in this process under this login:
+  // checked before they are started (their own start check would fail less clearly).
+  if (replayTransportKind() === "in-process") await requireRole(database, "worker");
   const transport = await openReplayTransport({ databaseUrl });
   try {
-    // In-process, the module's consumers run in this process under this login.
-    if (transport.transport === "in-process") await requireRole(database, "worker");
     await run({
       // SOFTCRUM_OPS_APPROVAL_THRESHOLD is a batch setting; direct replays keep
       // the library's threshold over the rolling window (#10 item 4).

@@ -39,6 +39,17 @@ export interface ReplayComposition {
   close(): Promise<void>;
 }
 
+/** Where replays go, from SOFTCRUM_QUEUE: "vercel", or "in-process" (unset or "memory"). */
+export function replayTransportKind(
+  env: Readonly<Record<string, string | undefined>> = process.env,
+): "vercel" | "in-process" {
+  const transport = env["SOFTCRUM_QUEUE"] ?? "memory";
+  if (transport !== "memory" && transport !== "vercel") {
+    throw new Error(`SOFTCRUM_QUEUE must be "memory" or "vercel", got ${JSON.stringify(transport)}`);
+  }
+  return transport === "vercel" ? "vercel" : "in-process";
+}
+
 /**
  * The transport replays go out through, from the environment. Only commands
  * that publish open it (the database is the CLI's own, `database.ts`).
@@ -48,11 +59,7 @@ export async function openReplayTransport(
   env: Readonly<Record<string, string | undefined>> = process.env,
   modules: readonly ReplayModule[] = MODULES,
 ): Promise<ReplayComposition> {
-  const transport = env["SOFTCRUM_QUEUE"] ?? "memory";
-  if (transport !== "memory" && transport !== "vercel") {
-    throw new Error(`SOFTCRUM_QUEUE must be "memory" or "vercel", got ${JSON.stringify(transport)}`);
-  }
-  if (transport === "vercel") {
+  if (replayTransportKind(env) === "vercel") {
     // Loaded only here, so local runs never need the Vercel SDK.
     const { createVercelQueue } = await import("@softcrum/core/adapters/vercel");
     const queue = createVercelQueue({ env });

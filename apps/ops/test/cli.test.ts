@@ -29,7 +29,10 @@ const as = (role: string) => {
 };
 
 /** A login role (cluster-wide, so created once whoever runs first) with the operator grants on this database. */
-async function operatorRole(role: string, grants: "operator" | "none" | "read-only" = "operator") {
+async function operatorRole(
+  role: string,
+  grants: "operator" | "none" | "read-only" | "operator-not-worker" = "operator",
+) {
   await pg.sql
     .unsafe(
       `do $$ begin create role ${role} login password 'operator-password'; exception when others then null; end $$`,
@@ -41,7 +44,9 @@ async function operatorRole(role: string, grants: "operator" | "none" | "read-on
   await pg.sql.unsafe(
     grants === "read-only"
       ? `grant softcrum_ops_reader to ${role}`
-      : `grant softcrum_ops_operator, softcrum_ops_approver, softcrum_worker to ${role}`,
+      : grants === "operator-not-worker"
+        ? `grant softcrum_ops_operator to ${role}`
+        : `grant softcrum_ops_operator, softcrum_ops_approver, softcrum_worker to ${role}`,
   );
 }
 const opsJson = async (args: string[], env: Record<string, string> = {}) => {
@@ -265,6 +270,22 @@ describe("pnpm ops, end to end on a real database", () => {
     expect(unknownCommand.code).toBe(2);
     const noDatabase = await ops(["dlq", "list"], { DATABASE_URL: "" });
     expect(noDatabase).toMatchObject({ code: 2, stderr: expect.stringMatching(/DATABASE_URL is not set/) });
+  });
+
+  test("an in-process replay by a login whose consumers could not write is refused at once: the letter stays pending, the CLI exits (#21 item 4)", async () => {
+    const role = "ops_cli_not_worker";
+    await operatorRole(role, "operator-not-worker");
+    const [letter] = await pg.sql<{ id: string }[]>`
+      select id from core.dead_letters where status = 'pending_review' and queue = 'loyalty.points' limit 1`;
+    const refused = await ops(["dlq", "replay", letter?.id as string, "--reason", "no worker grants"], as(role));
+    expect(refused.code).toBe(1);
+    expect(refused.stderr.trim().split("\n")).toHaveLength(1);
+    expect(refused.stderr).toMatch(
+      /"ops_cli_not_worker" is not a member of softcrum_worker \(with the in-process queue, replays run the module's consumers inside this CLI\): grant softcrum_worker to ops_cli_not_worker/,
+    );
+    const [after] = await pg.sql<{ status: string }[]>`
+      select status from core.dead_letters where id = ${letter?.id as string}`;
+    expect(after?.status).toBe("pending_review");
   });
 
   test("bad ids are bad input before any query, and no error prints SQL or its parameters (#10 item 6)", async () => {

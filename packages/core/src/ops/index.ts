@@ -41,8 +41,10 @@ export {
 export type { InProcessConsumers, ReplayModule, ReplayRoute, ReplayTransport, RouteCheck } from "./routes.ts";
 export {
   firstRoutingReplay,
+  IN_PROCESS_REPLAY_TIMEOUT_MS,
   inProcessReplay,
   NOT_IN_PROCESS,
+  ReplayNotAppliedError,
   registeredReplay,
   replayRouteOf,
   replayTransportFor,

@@ -225,6 +225,11 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
   // decoded from base64 where Postgres text could not hold them.
   const body = row.payloadEncoding === "base64" ? new Uint8Array(Buffer.from(row.payload, "base64")) : row.payload;
   let published = false;
+  // An in-process transport runs the consumer here and says what became of
+  // it. The consumer's fence check waits while the letter is being claimed,
+  // so such a replay goes out once the claim committed, and one not applied
+  // puts the letter back (#21 item 4).
+  const deliver = ops.replayTransport.deliverReplay?.bind(ops.replayTransport);
   try {
     return await ops.db
       .transaction(async (tx) => {
@@ -250,6 +255,7 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
           ),
         );
         if (!claimed) return { outcome: "lost" as const };
+        if (deliver) return { outcome: "claimed" as const, claimed };
         // Only to the letter's consumer, on its replay lane: the queue's other
         // consumers either have their fence already or had their own letter
         // for this job handled separately (perhaps discarded on purpose).
@@ -277,6 +283,31 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
         return { outcome: "replayed" as const };
       })
       .then(async (result) => {
+        if (result.outcome === "claimed") {
+          if (!deliver) throw new Error("claimed for an in-process delivery without one");
+          const { claimed } = result;
+          try {
+            await withinMs(
+              deliver(claimed.queue, claimed.consumer, body, { timeoutMs: ops.publishTimeoutMs }),
+              ops.publishTimeoutMs + 1_000,
+              () => new Error(`the in-process replay did not answer within ${ops.publishTimeoutMs} ms`),
+            );
+          } catch (error) {
+            const back = await unclaim(ops, id, input.operator).catch((e: unknown) => e);
+            return {
+              outcome: "failed" as const,
+              detail:
+                back === true
+                  ? `not applied, the letter stays pending: ${describeError(error)}`
+                  : back === false
+                    ? `not confirmed, but the job's fence exists now (it was applied after all), so the letter stays replayed: ${describeError(error)}`
+                    : `not applied (${describeError(error)}), and putting the letter back failed, so it says replayed: ${describeError(back)}; replay it again (dlq replay-again)`,
+            };
+          }
+          published = true;
+          ops.metrics.replayed(claimed);
+          return { outcome: "replayed" as const };
+        }
         if (result.outcome === "halted")
           return { outcome: "halted" as const, detail: result.halt.reason, halt: result.halt };
         if (result.outcome === "needs_approval") {
@@ -317,4 +348,22 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
       : `publish failed, the letter stays pending: ${describeError(error)}`;
     return { outcome: "failed", detail };
   }
+}
+
+/**
+ * Puts a letter this replay claimed back to `pending_review` unless the
+ * job's fence exists by then (core.ops_unclaim_letter, migration 0020). Read
+ * committed whatever the database's default: its fence probe must wait for a
+ * delivery still committing, not fail on it. True when pending again.
+ */
+async function unclaim(ops: ClaimOps, id: string, operator: string): Promise<boolean> {
+  return ops.db.transaction(
+    async (tx) => {
+      const [row] = rowsOf<{ back: boolean }>(
+        await tx.execute(sql`select core.ops_unclaim_letter(${id}::uuid, ${operator}) as back`),
+      );
+      return row?.back === true;
+    },
+    { isolationLevel: "read committed" },
+  );
 }

@@ -11,8 +11,9 @@
  * route is refused (`ReplayNotRoutableError`, outcome `not_routable`) and
  * stays `pending_review`.
  */
+import type { MemoryQueue, ReplayDelivery } from "../adapters/memory/index.ts";
 import { ReplayNotRoutableError } from "../errors.ts";
-import type { PublishReceipt, QueuePort, ReplayLanePort } from "../queue-port.ts";
+import type { DeliveryResult, PublishReceipt, QueuePort, ReplayLanePort } from "../queue-port.ts";
 
 /** One consumer of one queue whose dead letters can be replayed. */
 export interface ReplayRoute {
@@ -31,6 +32,43 @@ export interface ReplayTransport {
    * `route()` refuses.
    */
   publishReplay(queue: string, consumer: string, body: string | Uint8Array): Promise<PublishReceipt>;
+  /**
+   * Only a transport whose consumers run in this process
+   * (`inProcessReplay` over a queue that can deliver a replay once): puts
+   * `body` on the consumer's replay lane and waits for the consumer's
+   * outcome, at most its own bound (`inProcessReplay`'s `timeoutMs`) and
+   * `opts.timeoutMs` (pass the caller's own bound). Resolves stored only
+   * once that outcome is durable in the database: the job's fence (it ran,
+   * or had run: `success`, `duplicate`) or a dead letter written (it failed
+   * again). Otherwise — the delivery wrote neither (e.g. the consumer's
+   * database role may not write `core.processed_jobs`), or did not settle in
+   * time — it throws `ReplayNotAppliedError`, one line saying why, and the
+   * transport keeps nothing: no later delivery runs it.
+   *
+   * The consumer's fence waits while its pending letter is being claimed,
+   * so it cannot settle inside the claim's transaction: call it once the
+   * claim (`replayed`) has committed, and put the letter back to
+   * `pending_review` when it throws (where `mayStillApply`, only if the job
+   * has no fence: the delivery may still commit).
+   */
+  deliverReplay?(
+    queue: string,
+    consumer: string,
+    body: string | Uint8Array,
+    opts?: { readonly timeoutMs?: number },
+  ): Promise<PublishReceipt>;
+}
+
+/** An in-process replay (`ReplayTransport.deliverReplay`) that was not applied, and why, in one line. */
+export class ReplayNotAppliedError extends Error {
+  constructor(
+    message: string,
+    /** True when the wait ended with the delivery still running: it may still commit the job's fence. */
+    readonly mayStillApply: boolean,
+  ) {
+    super(message);
+    this.name = "ReplayNotAppliedError";
+  }
 }
 
 /** The routes a module's consumers contribute: `consumers.map(replayRouteOf)`. */
@@ -77,18 +115,75 @@ export function registeredReplay(
 export const NOT_IN_PROCESS =
   "the only transport here is in-process and that consumer does not run in this process, so nothing would ever read the replay (configure the platform transport, e.g. SOFTCRUM_QUEUE=vercel, or run the module's consumers here)";
 
+/** The longest `deliverReplay` of an in-process transport waits for the consumer's outcome, unless told otherwise. */
+export const IN_PROCESS_REPLAY_TIMEOUT_MS = 30_000;
+
+/** The replay lanes of an in-process queue: which consumers run here, and (the memory adapter) a replay delivered once. */
+export type InProcessLanes = ReplayLanePort &
+  Required<Pick<ReplayLanePort, "hasConsumer">> &
+  Partial<Pick<MemoryQueue, "deliverReplayOnce">>;
+
 /**
  * An in-process transport (the memory adapter): only consumers subscribed in
- * this process read it, so a replay for any other consumer is refused.
+ * this process read it, so a replay for any other consumer is refused. Over
+ * a queue that can deliver a replay once, it has `deliverReplay`: the
+ * consumer's outcome, waited for at most `timeoutMs` (default
+ * `IN_PROCESS_REPLAY_TIMEOUT_MS`).
  */
-export function inProcessReplay(
-  lanes: ReplayLanePort & Required<Pick<ReplayLanePort, "hasConsumer">>,
-): ReplayTransport {
-  return guarded((queue, consumer) => {
+export function inProcessReplay(lanes: InProcessLanes, options: { readonly timeoutMs?: number } = {}): ReplayTransport {
+  const route: ReplayTransport["route"] = (queue, consumer) => {
     if (lanes.hasConsumer(queue, consumer)) return { ok: true };
     return { ok: false, reason: NOT_IN_PROCESS };
-  }, lanes);
+  };
+  const transport = guarded(route, lanes);
+  const deliverOnce = lanes.deliverReplayOnce?.bind(lanes);
+  if (deliverOnce === undefined) return transport;
+  const ownBound = options.timeoutMs ?? IN_PROCESS_REPLAY_TIMEOUT_MS;
+  return {
+    ...transport,
+    async deliverReplay(queue, consumer, body, opts) {
+      const check = route(queue, consumer);
+      if (!check.ok) throw new ReplayNotRoutableError(queue, consumer, check.reason);
+      const timeoutMs = Math.min(ownBound, opts?.timeoutMs ?? ownBound);
+      const delivery = await deliverOnce(queue, body, { targetConsumer: consumer, timeoutMs });
+      if (delivery.status === "settled" && appliedOrLettered(delivery.result)) {
+        return { messageId: delivery.messageId, stored: true };
+      }
+      throw notApplied(queue, consumer, delivery, timeoutMs);
+    },
+  };
 }
+
+/** An outcome durable in the database: the job's fence exists, or a dead letter was written. */
+function appliedOrLettered(result: DeliveryResult | { readonly outcome: "thrown" }): boolean {
+  const { outcome } = result;
+  return outcome === "success" || outcome === "duplicate" || outcome === "dead_lettered" || outcome === "poison";
+}
+
+function notApplied(queue: string, consumer: string, delivery: ReplayDelivery, timeoutMs: number): Error {
+  const replay = `the replay to consumer "${consumer}" of queue "${queue}"`;
+  const dropped = "nothing will deliver it again";
+  if (delivery.status === "not_started") {
+    return new ReplayNotAppliedError(
+      `${replay} was not delivered within ${timeoutMs} ms (its replay lane stayed busy, or the queue closed): nothing ran, and ${dropped}`,
+      false,
+    );
+  }
+  if (delivery.status === "unsettled") {
+    return new ReplayNotAppliedError(
+      `${replay} did not settle within ${timeoutMs} ms (or the queue closed first): its delivery was abandoned, may still be running, and ${dropped}`,
+      true,
+    );
+  }
+  const { result } = delivery;
+  const why = "error" in result ? `: ${oneLine(result.error)}` : ", addressed to another consumer";
+  return new ReplayNotAppliedError(
+    `${replay} was not applied: its delivery wrote neither its fence nor a dead letter (${result.outcome}${why}), and ${dropped}`,
+    false,
+  );
+}
+
+const oneLine = (text: string) => text.replace(/\s*[\r\n]+\s*/g, " ").trim();
 
 /** Several transports: a replay goes through the first that routes it. */
 export function firstRoutingReplay(
@@ -107,12 +202,24 @@ export function firstRoutingReplay(
       reason: [...new Set(reasons)].join("; ") || (options.noneReason ?? "no transport is configured"),
     };
   };
-  return {
+  const routing = (queue: string, consumer: string): ReplayTransport => {
+    for (const t of transports) if (t.route(queue, consumer).ok) return t;
+    const check = route(queue, consumer);
+    throw new ReplayNotRoutableError(queue, consumer, check.ok ? "no transport" : check.reason);
+  };
+  const combined: ReplayTransport = {
     route,
     async publishReplay(queue, consumer, body) {
-      for (const t of transports) if (t.route(queue, consumer).ok) return t.publishReplay(queue, consumer, body);
-      const check = route(queue, consumer);
-      throw new ReplayNotRoutableError(queue, consumer, check.ok ? "no transport" : check.reason);
+      return routing(queue, consumer).publishReplay(queue, consumer, body);
+    },
+  };
+  // Waits for the consumer's outcome only when every transport can.
+  if (transports.length === 0 || !transports.every((t) => typeof t.deliverReplay === "function")) return combined;
+  return {
+    ...combined,
+    async deliverReplay(queue, consumer, body, opts) {
+      const t = routing(queue, consumer);
+      return (t.deliverReplay as NonNullable<ReplayTransport["deliverReplay"]>)(queue, consumer, body, opts);
     },
   };
 }
@@ -134,7 +241,7 @@ export function replayTransportFor(
     );
   }
   if (routes) return registeredReplay(lanes, routes);
-  if (typeof lanes.hasConsumer === "function") return inProcessReplay(lanes as Parameters<typeof inProcessReplay>[0]);
+  if (typeof lanes.hasConsumer === "function") return inProcessReplay(lanes as InProcessLanes);
   return registeredReplay(lanes, []);
 }
 
@@ -161,7 +268,7 @@ export interface ReplayModule {
 
 export interface InProcessConsumers {
   /** The in-process queue its consumers are subscribed to. */
-  readonly lanes: ReplayLanePort & Required<Pick<ReplayLanePort, "hasConsumer">>;
+  readonly lanes: InProcessLanes;
   /** Lets the replays published so far run to the end, then stops the consumers. */
   close(): Promise<void>;
 }

@@ -93,6 +93,7 @@ export class DeliveryLoop {
       this.#release(subscription, lease);
       this.#settle(subscription, message, result);
       this.#emit(subscription, lease, result);
+      message.onSettled?.(result);
     })();
     lease.run = run;
     if (this.#clock.onAdvance && !this.#isClosed()) {
@@ -123,17 +124,37 @@ export class DeliveryLoop {
     lease.message.inFlight = false;
   }
 
-  /** Deliveries unsettled past their visibility timeout are treated as crashed: their messages come back now. */
+  /**
+   * Deliveries unsettled past their visibility timeout are treated as
+   * crashed: their messages come back now (a message delivered once leaves
+   * its lane instead).
+   */
   #expireLeases(subscription: Subscription, now: number): void {
     for (const lease of subscription.leases) {
       if (lease.expiresAt > now) continue;
       this.#release(subscription, lease);
-      lease.message.visibleAt = lease.expiresAt;
-      this.#emit(subscription, lease, {
+      const { message } = lease;
+      const once = message.onSettled !== undefined;
+      if (once) remove(subscription, message);
+      else message.visibleAt = lease.expiresAt;
+      const result = {
         outcome: "thrown",
-        error: `the delivery did not settle within the visibility timeout of ${this.#visibilityTimeoutMs} ms; treated as a crash, the message is delivered again`,
-      });
+        error: `the delivery did not settle within the visibility timeout of ${this.#visibilityTimeoutMs} ms; treated as a crash, ${once ? "the message was to be delivered once and is dropped" : "the message is delivered again"}`,
+      } as const;
+      this.#emit(subscription, lease, result);
+      message.onSettled?.("abandoned");
     }
+  }
+
+  /**
+   * Takes a message off its lane for good: one waiting is never delivered;
+   * one in flight is abandoned (its late result changes nothing, and neither
+   * `drain()` nor `close()` waits for it). Its slot frees at once.
+   */
+  abandon(subscription: Subscription, message: Message): void {
+    if (message.lease) this.#release(subscription, message.lease);
+    remove(subscription, message);
+    this.pump(subscription);
   }
 
   #emit(subscription: Subscription, lease: Lease, result: DeliveryEvent["result"]): void {
@@ -149,9 +170,9 @@ export class DeliveryLoop {
   }
 
   #settle(subscription: Subscription, message: Message, result: DeliveryEvent["result"]): void {
-    if (result.outcome !== "thrown" && result.ack) {
-      const index = subscription.messages.indexOf(message);
-      if (index >= 0) subscription.messages.splice(index, 1);
+    // A message delivered once leaves its lane whatever its first delivery did.
+    if ((result.outcome !== "thrown" && result.ack) || message.onSettled !== undefined) {
+      remove(subscription, message);
       return;
     }
     const now = this.#clock.now();
@@ -177,4 +198,9 @@ export class DeliveryLoop {
       message.visibleAt = now + this.#visibilityTimeoutMs;
     }
   }
+}
+
+function remove(subscription: Subscription, message: Message): void {
+  const index = subscription.messages.indexOf(message);
+  if (index >= 0) subscription.messages.splice(index, 1);
 }

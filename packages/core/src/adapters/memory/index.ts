@@ -11,12 +11,12 @@
  *
  * This file only re-exports. One file per role: `options.ts` (the options,
  * their defaults and checks), `queue.ts` (the queue: publish, schedule, the
- * replay lane's publish, subscribe, close), `routing.ts` (which lanes a
- * message goes to; held messages), `lanes.ts` (messages, leases, lanes),
- * `delivery.ts` (the delivery loop: slots, leases and their expiry, results),
- * `wake.ts` (the next due time, the real-clock timer, `drain()`), `events.ts`
- * (`onDelivery` observers).
+ * replay lane's publish, a replay delivered once, subscribe, close),
+ * `routing.ts` (which lanes a message goes to; held messages), `lanes.ts`
+ * (messages, leases, lanes), `delivery.ts` (the delivery loop: slots, leases
+ * and their expiry, results), `wake.ts` (the next due time, the real-clock
+ * timer, `drain()`), `events.ts` (`onDelivery` observers).
  */
 export type { DeliveryEvent } from "./events.ts";
 export type { MemoryQueueOptions } from "./options.ts";
-export { createMemoryQueue, type MemoryQueue } from "./queue.ts";
+export { createMemoryQueue, type MemoryQueue, type ReplayDelivery } from "./queue.ts";

@@ -3,6 +3,7 @@
  * link between a consumer's live lane and its replay lane.
  */
 import type { BoundConsumer } from "../../queue-port.ts";
+import type { DeliveryEvent } from "./events.ts";
 
 export interface Message {
   readonly id: string;
@@ -20,6 +21,13 @@ export interface Message {
   lease?: Lease | undefined;
   /** Deliveries that ended deferred without spending an attempt (`Delivery.deferrals`); never reset. */
   deferrals?: number;
+  /**
+   * Set on a message delivered once (`deliverReplayOnce`): called with its
+   * first delivery's result (`abandoned`: it did not settle within the
+   * visibility timeout, and may still be running), after which the message
+   * leaves its lane whatever the result (it is never made visible again).
+   */
+  readonly onSettled?: ((result: DeliveryEvent["result"] | "abandoned") => void) | undefined;
 }
 
 /** One delivery in flight. */

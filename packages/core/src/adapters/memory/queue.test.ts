@@ -140,6 +140,92 @@ describe("memory queue", () => {
   });
 });
 
+describe("a replay delivered once (deliverReplayOnce, #21 item 4)", () => {
+  const retry: DeliveryResult = {
+    outcome: "deferred",
+    ack: false,
+    retryAfterMs: 10,
+    spendsAttempt: false,
+    error: "database said no",
+  };
+  const never = () => new Promise<DeliveryResult>(() => {});
+
+  test("resolves with its first delivery's result; one not acknowledged is never delivered again", async () => {
+    const queue = createMemoryQueue();
+    const c = scripted("q", (_, n) => (n === 1 ? retry : ack));
+    queue.subscribe(c.consumer);
+    const body = JSON.stringify(job());
+    const delivered = await queue.deliverReplayOnce("q", body, { targetConsumer: "c", timeoutMs: 5_000 });
+    expect(delivered).toEqual({ status: "settled", messageId: expect.any(String), result: retry });
+    expect(queue.pending()).toBe(0);
+    await queue.drain();
+    expect(c.seen.map((d) => [d.body, d.replay, d.targetConsumer])).toEqual([[body, true, "c"]]);
+    await queue.close();
+  });
+
+  test("an acknowledged first delivery settles it too", async () => {
+    const queue = createMemoryQueue();
+    queue.subscribe(scripted("q", () => ack).consumer);
+    await expect(
+      queue.deliverReplayOnce("q", JSON.stringify(job()), { targetConsumer: "c", timeoutMs: 5_000 }),
+    ).resolves.toMatchObject({ status: "settled", result: ack });
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+
+  test("the wait's end: one in flight is abandoned (unsettled), one behind it never starts (not_started); drain and close return", async () => {
+    const queue = createMemoryQueue({ replayConcurrency: 1 });
+    const c = scripted("q", never);
+    queue.subscribe(c.consumer);
+    const first = queue.deliverReplayOnce("q", JSON.stringify(job()), { targetConsumer: "c", timeoutMs: 60 });
+    const second = queue.deliverReplayOnce("q", JSON.stringify(job()), { targetConsumer: "c", timeoutMs: 30 });
+    await expect(second).resolves.toMatchObject({ status: "not_started" });
+    await expect(first).resolves.toMatchObject({ status: "unsettled" });
+    expect(queue.pending()).toBe(0);
+    await expect(queue.drain()).resolves.toBeUndefined();
+    await expect(queue.close()).resolves.toBeUndefined();
+    expect(c.seen).toHaveLength(1);
+  });
+
+  test("close() ends the waits at once after its own bound, and refuses new ones", async () => {
+    const queue = createMemoryQueue({ closeTimeoutMs: 20 });
+    queue.subscribe(scripted("q", never).consumer);
+    const waiting = queue.deliverReplayOnce("q", JSON.stringify(job()), { targetConsumer: "c", timeoutMs: 60_000 });
+    await new Promise((r) => setTimeout(r, 5));
+    await queue.close();
+    await expect(waiting).resolves.toMatchObject({ status: "unsettled" });
+    await expect(
+      queue.deliverReplayOnce("q", JSON.stringify(job()), { targetConsumer: "c", timeoutMs: 10 }),
+    ).rejects.toThrow(QueueClosedError);
+  });
+
+  test("past the visibility timeout (manual clock) it is abandoned and dropped, not delivered again", async () => {
+    const clock = createManualClock();
+    const queue = createMemoryQueue({ clock, visibilityTimeoutMs: 1_000, stuckAfterMs: 10 });
+    const c = scripted("q", never);
+    queue.subscribe(c.consumer);
+    const waiting = queue.deliverReplayOnce("q", JSON.stringify(job()), { targetConsumer: "c", timeoutMs: 60_000 });
+    await queue.drain();
+    await expect(waiting).resolves.toMatchObject({ status: "unsettled" });
+    expect(queue.pending()).toBe(0);
+    expect(c.seen).toHaveLength(1);
+    await queue.close();
+  });
+
+  test("refused for a consumer not subscribed here, and for a bad timeout", async () => {
+    const queue = createMemoryQueue();
+    await expect(queue.deliverReplayOnce("q", "{}", { targetConsumer: "c", timeoutMs: 10 })).rejects.toThrow(
+      /nothing would deliver the replay/,
+    );
+    queue.subscribe(scripted("q", () => ack).consumer);
+    await expect(queue.deliverReplayOnce("q", "{}", { targetConsumer: "c", timeoutMs: 0 })).rejects.toThrow(
+      InvalidConfigError,
+    );
+    expect(queue.pending()).toBe(0);
+    await queue.close();
+  });
+});
+
 queuePortContract("in-process memory queue", async () => {
   const clock = createManualClock(1_700_000_000_000);
   const queue = createMemoryQueue({ clock, visibilityTimeoutMs: 30_000 });

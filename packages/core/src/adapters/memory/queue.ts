@@ -15,7 +15,8 @@ import {
   type QueuePort,
   type ReplayLanePort,
 } from "../../queue-port.ts";
-import { nonNegative } from "../../validate.ts";
+import { timerDelay } from "../../timers.ts";
+import { nonNegative, positive } from "../../validate.ts";
 import { DeliveryLoop } from "./delivery.ts";
 import { type DeliveryEvent, DeliveryListeners } from "./events.ts";
 import type { Message } from "./lanes.ts";
@@ -33,6 +34,23 @@ export interface MemoryQueue extends QueuePort, ReplayLanePort {
   publishRaw(queue: string, body: string | Uint8Array, opts?: PublishOptions): Promise<PublishReceipt>;
   /** Whether `consumer` of `queue` is subscribed here (its replays have a reader). */
   hasConsumer(queue: string, consumer: string): boolean;
+  /**
+   * A replay whose caller must know what became of it (an operator's
+   * in-process replay): puts `body` on the replay lane of `targetConsumer`
+   * (subscribed here, else `InvalidConfigError`) like `publishReplay`, and
+   * waits, at most `timeoutMs` of real time, for its first delivery to
+   * settle. Delivered once, never again: whatever that delivery's result,
+   * the message then leaves the queue; at the wait's end (or at `close()`) a
+   * message still waiting for a slot is taken off its lane (`not_started`:
+   * nothing ran), and one still in flight is abandoned (`unsettled`: its
+   * late result changes nothing, and neither `drain()` nor `close()` waits
+   * for it; the consumer may still be running it).
+   */
+  deliverReplayOnce(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string; readonly timeoutMs: number },
+  ): Promise<ReplayDelivery>;
   /** Calls `listener` after every delivery. Returns an unsubscribe function. */
   onDelivery(listener: (event: DeliveryEvent) => void): () => void;
   /**
@@ -53,6 +71,18 @@ export interface MemoryQueue extends QueuePort, ReplayLanePort {
   close(): Promise<void>;
 }
 
+/** What became of a replay delivered once (`deliverReplayOnce`). */
+export type ReplayDelivery =
+  /** Its delivery settled: the harness's result (or `thrown`). */
+  | { readonly status: "settled"; readonly messageId: string; readonly result: DeliveryEvent["result"] }
+  /** Not delivered before the wait ended (or the queue closed): taken off its lane, nothing ran. */
+  | { readonly status: "not_started"; readonly messageId: string }
+  /**
+   * Its delivery was still running when the wait ended (or the queue closed,
+   * or its visibility timeout passed): abandoned, its outcome unknown.
+   */
+  | { readonly status: "unsettled"; readonly messageId: string };
+
 class InMemoryQueue implements MemoryQueue {
   readonly #settings: MemoryQueueSettings;
   readonly #clock: Clock;
@@ -62,6 +92,8 @@ class InMemoryQueue implements MemoryQueue {
   readonly #delivery: DeliveryLoop;
   readonly #wake: Wakeups;
   readonly #stopClockListener: (() => void) | undefined;
+  /** The waits of `deliverReplayOnce` not over yet: each ends its wait now (close()). */
+  readonly #onceWaits = new Set<() => void>();
   #closed = false;
 
   constructor(options: MemoryQueueOptions) {
@@ -112,7 +144,60 @@ class InMemoryQueue implements MemoryQueue {
     return this.#routes.has(queue, consumer);
   }
 
-  #enqueue(queue: string, body: string | Uint8Array, opts: PublishOptions | undefined): PublishReceipt {
+  async deliverReplayOnce(
+    queue: string,
+    body: string | Uint8Array,
+    opts: { readonly targetConsumer: string; readonly timeoutMs: number },
+  ): Promise<ReplayDelivery> {
+    const target = opts?.targetConsumer;
+    if (typeof target !== "string" || target === "") {
+      throw new InvalidConfigError("deliverReplayOnce needs the targetConsumer whose replay lane it goes to");
+    }
+    const timeoutMs = positive(opts.timeoutMs, "timeoutMs");
+    if (this.#closed) throw new QueueClosedError();
+    // Never held for a later subscriber: the caller waits for a delivery now.
+    const lane = this.#routes.route(queue, target, true).lane;
+    if (!lane) {
+      throw new InvalidConfigError(
+        `no consumer "${target}" of "${queue}" is subscribed here: nothing would deliver the replay`,
+      );
+    }
+    let messageId = "";
+    let finish: (delivery: ReplayDelivery) => void = () => {};
+    const delivered = new Promise<ReplayDelivery>((resolve) => {
+      finish = resolve;
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const end = () => {
+      clearTimeout(timer);
+      this.#onceWaits.delete(endWait);
+    };
+    // The wait is over before the delivery settled: the message leaves for good.
+    const endWait = () => {
+      end();
+      const message = lane.messages.find((m) => m.id === messageId);
+      if (!message) return; // it settled meanwhile, and said so
+      const started = message.lease !== undefined;
+      this.#delivery.abandon(lane, message);
+      finish({ status: started ? "unsettled" : "not_started", messageId });
+    };
+    const onSettled = (result: DeliveryEvent["result"] | "abandoned") => {
+      end();
+      finish(result === "abandoned" ? { status: "unsettled", messageId } : { status: "settled", messageId, result });
+    };
+    // Settles in a later microtask at the earliest (deliver is async): the id is known by then.
+    messageId = this.#enqueue(queue, body, { targetConsumer: target, replay: true }, onSettled).messageId ?? "";
+    this.#onceWaits.add(endWait);
+    timer = setTimeout(endWait, timerDelay(timeoutMs));
+    return delivered;
+  }
+
+  #enqueue(
+    queue: string,
+    body: string | Uint8Array,
+    opts: PublishOptions | undefined,
+    onSettled?: Message["onSettled"],
+  ): PublishReceipt {
     if (this.#closed) throw new QueueClosedError();
     if (typeof queue !== "string" || queue.length === 0)
       throw new InvalidConfigError("queue must be a non-empty string");
@@ -141,6 +226,7 @@ class InMemoryQueue implements MemoryQueue {
       visibleAt: now + delayMs,
       deliveries: 0,
       inFlight: false,
+      ...(onSettled ? { onSettled } : {}),
     });
     if (subscriptions.length === 0) {
       this.#routes.hold(queue, copy());
@@ -195,6 +281,8 @@ class InMemoryQueue implements MemoryQueue {
       clearTimeout(timer);
     }
     for (const lease of this.#delivery.inFlight) clearTimeout(lease.stuckTimer);
+    // Replays delivered once that nothing will settle now: their callers learn it at once.
+    for (const endWait of [...this.#onceWaits]) endWait();
     this.#wake.wakeWaiters();
   }
 
