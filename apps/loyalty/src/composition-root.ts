@@ -38,6 +38,7 @@ import {
   InvalidConfigError,
   type Logger,
   type MetricsPort,
+  reportConsumerVersions,
 } from "@softcrum/core";
 import { createMemoryQueue, type MemoryQueue } from "@softcrum/core/adapters/memory";
 import type {
@@ -74,6 +75,12 @@ export interface LoyaltyModuleOptions extends AwardPointsOptions, NotifyPartnerO
   readonly transport?: LoyaltyTransport;
   /** The fence TTL the cleanup uses: the harness refuses copies that could outlive it (`HarnessDeps.fenceTtlMs`). @default none */
   readonly fenceTtlMs?: number;
+  /**
+   * The build or deployment this process runs, reported for its consumers
+   * (a replay batch runs only against the version it was approved for).
+   * @default SOFTCRUM_BUILD_ID, else VERCEL_DEPLOYMENT_ID, else "local"
+   */
+  readonly version?: string;
   /** Vercel Queues settings; unset ones come from the environment. @default {} */
   readonly vercel?: VercelQueueOptions;
   readonly clock?: Clock;
@@ -168,6 +175,11 @@ export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promis
   const recurring = bindConsumer(recurringConsumer, deps);
   const recurringTasks = loyaltyRecurringTasks(db);
   const consumers = [awardConsumer, notifyConsumer, recurringConsumer];
+  // What a replay batch is made and approved for (#21 item 6): this build, and the kinds it accepts.
+  await reportConsumerVersions(db, consumers, options.version ?? buildVersion()).catch(async (error: unknown) => {
+    await closeDb();
+    throw error;
+  });
   if (vercel) {
     const triggers = loyaltyTriggers({
       awardPoints: awardConsumer,
@@ -248,6 +260,11 @@ async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
     ...(options.metrics ? { metrics: options.metrics } : {}),
     ...options.vercel,
   });
+}
+
+/** This process's build: set SOFTCRUM_BUILD_ID (a git sha, a release) where Vercel's deployment id is not set. */
+function buildVersion(): string {
+  return process.env["SOFTCRUM_BUILD_ID"] || process.env["VERCEL_DEPLOYMENT_ID"] || "local";
 }
 
 async function openPostgres(url: string) {

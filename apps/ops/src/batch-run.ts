@@ -2,7 +2,7 @@
 // --rate flag, and the runner with its progress bar or NDJSON events.
 import type { BatchView, Ops } from "@softcrum/core/ops";
 import { SingleBar } from "cli-progress";
-import { age, duration, fields, json, ndjson, ProgressLines, phaseOf } from "./format.ts";
+import { duration, etaText, fields, humanMs, json, ndjson, ProgressLines, phaseOf, relative, when } from "./format.ts";
 import { EXIT, out, view } from "./output.ts";
 
 const BATCH_FIELDS = [
@@ -12,6 +12,7 @@ const BATCH_FIELDS = [
   "reason",
   "requestedBy",
   "approvedBy",
+  "consumers",
   "ratePerSecond",
   "rateShare",
   "rateFloor",
@@ -29,17 +30,31 @@ const BATCH_FIELDS = [
   "pending",
   "recovery",
   "created",
+  "approved",
+  "started",
+  "ended",
   "ran",
   "expires",
+  "lease",
   "stopReason",
 ];
 
-/** A batch for people: counts, and times as ages and durations. */
-function humanBatch(batch: BatchView, now = Date.now()): Record<string, unknown> {
+/** A batch for people: counts, and times as ages and durations (timestamps beside them), never milliseconds. */
+export function humanBatch(batch: BatchView, now = Date.now()): Record<string, unknown> {
   const ended = batch.endedAt?.getTime() ?? now;
+  const lease = batch.leaseExpiresAt?.getTime();
   return {
     ...batch,
-    created: `${age(batch.createdAt, now)} (${batch.createdAt.toISOString()})`,
+    created: when(batch.createdAt, now),
+    approved: when(batch.approvedAt, now),
+    started: batch.startedAt ? when(batch.startedAt, now) : "not yet",
+    ended: when(batch.endedAt, now),
+    // Who runs it now (one runner at a time), until the heartbeat stops renewing it.
+    lease:
+      batch.leaseOwner && lease !== undefined
+        ? `${batch.leaseOwner}, ${lease > now ? `expires ${relative(batch.leaseExpiresAt, now)}` : `lapsed ${relative(batch.leaseExpiresAt, now)}: another runner may take over`}`
+        : "none",
+    stopReason: batch.stopReason === null ? null : humanMs(batch.stopReason),
     ran: batch.startedAt
       ? `${duration(ended - batch.startedAt.getTime())}${batch.endedAt ? "" : " so far"}`
       : "not yet",
@@ -47,10 +62,13 @@ function humanBatch(batch: BatchView, now = Date.now()): Record<string, unknown>
     recovery: batch.recovered
       ? `done: ${batch.succeeded} succeeded, ${batch.duplicates} already done, ${batch.failedAgain} failed again${batch.timeToRecoveryMs !== null ? ` in ${duration(batch.timeToRecoveryMs)}` : ""}`
       : `not yet: ${batch.unresolved} replayed jobs unresolved, ${batch.pending} letters to replay`,
-    expires:
-      batch.expiresAt.getTime() > now
-        ? `in ${duration(batch.expiresAt.getTime() - now)}`
-        : `${age(batch.expiresAt, now)} (expired)`,
+    expires: `${batch.expiresAt.getTime() > now ? "" : "expired "}${when(batch.expiresAt, now)}`,
+    // The versions it was made (and approved) for; it runs against no other (#21 item 6).
+    consumers: batch.consumerVersions
+      ? Object.entries(batch.consumerVersions)
+          .map(([key, v]) => `${key.replace(" ", "/")} @ ${v.version} (${v.kinds.join(", ")})`)
+          .join("; ")
+      : "no version reported",
   };
 }
 
@@ -102,13 +120,17 @@ export async function runBatch(
   const lines =
     o.progress && !o.json && !terminal ? new ProgressLines((line) => process.stderr.write(`${line}\n`)) : undefined;
   let barStarted = false;
+  // The rate the runner paces at (a share of live traffic moves it below the
+  // batch's ceiling): the ETA and the phase use it once the runner reports it.
+  let pacedPerSecond: number | undefined;
   const show = (b: BatchView) => {
     const done = b.replayed + b.skipped;
     startCount ??= done;
     const elapsed = Math.max(0.001, (Date.now() - startedAt) / 1000);
     const rate = (done - startCount) / elapsed;
-    const etaSeconds = b.pending / b.ratePerSecond;
-    const phase = phaseOf(b);
+    const paced = { ...b, ratePerSecond: pacedPerSecond ?? b.ratePerSecond };
+    const etaSeconds = b.pending / paced.ratePerSecond;
+    const phase = phaseOf(paced);
     if (o.json) {
       out(
         ndjson({
@@ -135,7 +157,7 @@ export async function runBatch(
     if (!bar && !lines) return;
     const payload = {
       rate: rate.toFixed(1),
-      etaText: etaSeconds < 1 ? "0s" : duration(etaSeconds * 1000),
+      etaText: etaText(etaSeconds),
       failedAgain: b.failedAgain,
       phase,
     };
@@ -158,7 +180,10 @@ export async function runBatch(
     const final = await ops.batches.run(id, {
       operator,
       signal: controller.signal,
-      onProgress: ({ batch: b }) => show(b),
+      onProgress: ({ batch: b, pacedPerSecond: paced }) => {
+        pacedPerSecond = paced;
+        show(b);
+      },
     });
     running = false;
     bar?.stop();

@@ -46,8 +46,8 @@ import {
   openOpsDatabase,
   type ShippedRole,
 } from "./database.ts";
-import { age, duration, fields, json, nameFlags, prettyPayload, table } from "./format.ts";
-import { EXIT, out, printReport, rowsOf, view } from "./output.ts";
+import { duration, humanMs, json, nameFlags, table } from "./format.ts";
+import { EXIT, out, printLetter, printReport, view, withAge } from "./output.ts";
 
 // Moved by role (output.ts); exported from here unchanged.
 export { EXIT };
@@ -277,7 +277,6 @@ export function buildProgram(): Command {
           out(json(page));
           return;
         }
-        const now = Date.now();
         // The columns that tell letters apart; --wide adds the rest, whole.
         const columns = o.wide
           ? [
@@ -294,13 +293,7 @@ export function buildProgram(): Command {
               "lastError",
             ]
           : ["id", "age", "consumer", "tenantId", "errorClass", "attempts", "status", "lastError"];
-        out(
-          table(
-            page.items.map((i) => ({ ...i, age: age(i.createdAt, now) })),
-            columns,
-            view(o),
-          ),
-        );
+        out(table(withAge(page.items, "createdAt"), columns, view(o)));
         if (page.nextCursor) out(`more: --cursor ${page.nextCursor}`);
       }),
     );
@@ -323,44 +316,7 @@ export function buildProgram(): Command {
           out(json(d));
           return;
         }
-        const now = Date.now();
-        out(
-          fields(
-            { ...d, age: age(d.createdAt, now), lastSeen: age(d.lastSeenAt, now) },
-            [
-              "id",
-              "status",
-              "queue",
-              "consumer",
-              "jobId",
-              "tenantId",
-              "kind",
-              "correlationId",
-              "errorClass",
-              "attempts",
-              "occurrences",
-              "age",
-              "createdAt",
-              "lastSeen",
-              "statusChangedAt",
-              "statusChangedBy",
-              "statusReason",
-              "replayBatchId",
-            ],
-            view(o),
-          ),
-        );
-        out(`\nlast error:\n  ${d.lastError}`);
-        out(
-          `\npayload (${d.payloadEncoding}, pretty-printed; --json has it as received):\n${indent(prettyPayload(d.payloadText))}`,
-        );
-        if (d.related.length)
-          out(
-            `\nrelated failures of this job:\n${table(rowsOf(d.related), ["id", "createdAt", "errorClass", "status", "replayBatchId"], view(o))}`,
-          );
-        if (d.history.length)
-          out(`\nhistory:\n${table(rowsOf(d.history), ["at", "operator", "action", "result", "detail"], view(o))}`);
-        if (d.historyNextCursor) out(`more history: pnpm ops dlq history ${d.id} --cursor ${d.historyNextCursor}`);
+        printLetter(d, o);
       }),
   );
 
@@ -404,8 +360,8 @@ export function buildProgram(): Command {
         }
         out(
           table(
-            rowsOf(page.items),
-            ["id", "createdAt", "batchId", "replayedFrom", "consumer", "errorClass", "lastError"],
+            withAge(page.items, "createdAt"),
+            ["id", "age", "batchId", "replayedFrom", "consumer", "errorClass", "lastError", "createdAt"],
             view(o),
           ),
         );
@@ -425,7 +381,7 @@ export function buildProgram(): Command {
           out(json(page));
           return;
         }
-        out(table(rowsOf(page.items), ["at", "operator", "action", "result", "detail"], view(o)));
+        out(table(withAge(page.items, "at"), ["at", "age", "operator", "action", "result", "detail"], view(o)));
         if (page.nextCursor) out(`more: --cursor ${page.nextCursor}`);
       }),
     );
@@ -580,10 +536,10 @@ export function buildProgram(): Command {
           out(json({ items }));
           return;
         }
-        const now = Date.now();
         out(
           table(
-            items.map((b) => ({ ...b, age: age(b.createdAt, now) })),
+            // The library's stop reasons count time in ms ("within 600000 ms"): human units here.
+            withAge(items, "createdAt").map((b) => ({ ...b, stopReason: humanMs(String(b["stopReason"] ?? "")) })),
             ["id", "status", "requestedBy", "approvedBy", "selected", "replayed", "failedAgain", "age", "stopReason"],
             view(o),
           ),
@@ -592,13 +548,6 @@ export function buildProgram(): Command {
     );
 
   return program;
-}
-
-function indent(text: string): string {
-  return text
-    .split("\n")
-    .map((line) => `  ${line}`)
-    .join("\n");
 }
 
 const BY_CODE: Record<string, number> = {
@@ -640,7 +589,7 @@ export async function main(argv: string[]): Promise<number> {
       return EXIT.failure;
     }
     if (isSoftcrumError(error)) {
-      process.stderr.write(`error: ${oneLine(nameFlags(error.message, flagsInUse))}\n`);
+      process.stderr.write(`error: ${humanMs(oneLine(nameFlags(error.message, flagsInUse)))}\n`);
       return BY_CODE[error.code] ?? EXIT.failure;
     }
     if (isDatabaseError(error)) {

@@ -14,8 +14,8 @@ export interface TableOptions {
   readonly keep?: readonly string[];
 }
 
-/** Ids are what an operator copies into the next command: never cut. */
-export const KEEP_WHOLE = ["id", "batchId", "replayedFrom"];
+/** Ids are what an operator copies into the next command (or a log search): never cut. */
+export const KEEP_WHOLE = ["id", "batchId", "replayedFrom", "replayBatchId", "jobId", "correlationId"];
 
 /**
  * Free text (an error, a reason): such a column takes the slack — it is
@@ -119,13 +119,15 @@ export function text(value: unknown): string {
   return String(value).replace(/\s+/g, " ");
 }
 
+/** One record, a field a line; a long value is elided in the middle to the width, never an id (KEEP_WHOLE). */
 export function fields(record: Record<string, unknown>, keys: string[], options: TableOptions = {}): string {
+  const keep = options.keep ?? KEEP_WHOLE;
   const width = Math.max(...keys.map((k) => k.length));
   const room = Math.max(20, (options.width ?? terminalWidth()) - width - GAP);
   return keys
     .map((k) => {
       const value = text(record[k]);
-      return `${k.padEnd(width)}  ${options.wide ? value : cut(value, room)}`.trimEnd();
+      return `${k.padEnd(width)}  ${options.wide || keep.includes(k) ? value : cut(value, room)}`.trimEnd();
     })
     .join("\n");
 }
@@ -155,11 +157,39 @@ export function duration(ms: number): string {
   return h % 24 ? `${d}d ${h % 24}h` : `${d}d`;
 }
 
+type Instant = Date | string | null | undefined;
+
+function timeOf(at: Instant): number {
+  if (!at) return Number.NaN;
+  return at instanceof Date ? at.getTime() : Date.parse(at);
+}
+
 /** How long ago `at` was, for people: `3h 12m ago`. */
-export function age(at: Date | string | null | undefined, now = Date.now()): string {
-  if (!at) return "";
-  const time = at instanceof Date ? at.getTime() : Date.parse(at);
+export function age(at: Instant, now = Date.now()): string {
+  const time = timeOf(at);
   return Number.isFinite(time) ? `${duration(now - time)} ago` : "";
+}
+
+/** `at` relative to now, either way: `3h 12m ago`, or `in 5m` for a time still to come. */
+export function relative(at: Instant, now = Date.now()): string {
+  const time = timeOf(at);
+  if (!Number.isFinite(time)) return "";
+  return time > now ? `in ${duration(time - now)}` : `${duration(now - time)} ago`;
+}
+
+/** A time for people with its timestamp: `3h 12m ago (2026-11-30T08:48:00Z)`, `in 5m (…)`; "" when there is none. */
+export function when(at: Instant, now = Date.now()): string {
+  const time = timeOf(at);
+  return Number.isFinite(time) ? `${relative(at, now)} (${text(new Date(time))})` : "";
+}
+
+/**
+ * The library's messages count time in milliseconds (`did not resolve within
+ * 600000 ms`): for people, the same time in human units (`within 10m`).
+ * Only that phrase is rewritten, so the text an operator typed stays as typed.
+ */
+export function humanMs(message: string): string {
+  return message.replace(/\bwithin (\d+) ?ms\b/g, (_, ms: string) => `within ${duration(Number(ms))}`);
 }
 
 /** A payload for reading: JSON indented, anything else as it is. */
@@ -201,7 +231,18 @@ export function phaseOf(b: {
   if (sample > 0 && !b.samplePassedAt && b.replayed + b.skipped >= sample) {
     return `waiting for the sample check (${b.succeeded + (b.duplicates ?? 0) + b.failedAgain} of ${b.replayed} resolved)`;
   }
-  return `paced at ${b.ratePerSecond}/s`;
+  return `paced at ${perSecond(b.ratePerSecond)}/s`;
+}
+
+/** A rate for people: at most 4 significant digits (a rate paced by live traffic is any fraction). */
+function perSecond(rate: number): string {
+  return String(Number(rate.toPrecision(4)));
+}
+
+/** Time left for people, in whole seconds and up (`0s` when nothing is left, `?` when it cannot be known). */
+export function etaText(seconds: number): string {
+  if (!Number.isFinite(seconds) || seconds < 0) return "?";
+  return duration(Math.ceil(seconds) * 1000).replace(/^0ms$/, "0s");
 }
 
 /**

@@ -135,6 +135,7 @@ describe("pnpm ops, end to end on a real database", () => {
     const pretty = await ops(["dlq", "show", flaky.id]);
     // The payload pretty-printed, one field a line (#10 item 13).
     expect(pretty.stdout).toMatch(/payload \(utf8, pretty-printed[^\n]*\n {2}\{\n {4}"/);
+    expect(pretty.stdout).toMatch(/lastSeen\s+\d+(ms|s) ago \(\d{4}-/); // an age beside the timestamp
 
     // 3. Discard what can never succeed (a reason is required).
     const noReason = await ops(["dlq", "discard", poison.id], as(ANA));
@@ -179,6 +180,12 @@ describe("pnpm ops, end to end on a real database", () => {
     expect(run.stderr).toMatch(/replay .*2\/2 \| [\d.]+\/s \| ETA \d+m?s \| failed again 0/);
     expect(run.stdout).toMatch(/status\s+completed/);
     expect(run.stdout).toMatch(/ran\s+\d+(ms|s)/);
+    // Its times in human units beside the timestamps, never raw milliseconds (#21 item 8).
+    expect(run.stdout).toMatch(/started\s+\d+(ms|s) ago \(\d{4}-\d\d-\d\dT[\d:]+Z\)/);
+    expect(run.stdout).toMatch(/ended\s+\d+(ms|s) ago \(/);
+    expect(run.stdout).toMatch(/expires\s+in \d+h \d+m \(/);
+    expect(run.stdout).toMatch(/lease\s+none/);
+    expect(run.stdout).not.toMatch(/\d{4,} ?ms\b/);
     // The credits committed before the outage and stay single; the replayed notifications now went through.
     const credited = await pg.sql<{ job_id: string }[]>`select job_id from loyalty.ledger order by job_id`;
     expect(credited.map((r) => r.job_id)).toEqual([...jobs.flaky].sort());
@@ -457,6 +464,7 @@ describe("pnpm ops, end to end on a real database", () => {
     expect(paged.length).toBeGreaterThanOrEqual(3);
     const human = await ops(["dlq", "failed-after-replay", "--limit", "1"]);
     expect(human.stdout).toMatch(/more: --cursor [0-9a-f-]{36}\.[0-9a-f-]{36}/);
+    expect(human.stdout).toMatch(/^id\s+age\s+batchId[^\n]*\n[^\n]*\n[0-9a-f-]{36}\s+\d+(ms|s|m)( \d+s)? ago /);
 
     const [letter] = await pg.sql<{ id: string }[]>`select id from core.dead_letters where job_id = 'paging-1' limit 1`;
     for (const reason of ["first look", "second look"]) {

@@ -1,5 +1,20 @@
+import type { BatchView } from "@softcrum/core/ops";
 import { describe, expect, test } from "vitest";
-import { age, duration, fields, nameFlags, ProgressLines, phaseOf, prettyPayload, table } from "../src/format.ts";
+import { humanBatch } from "../src/batch-run.ts";
+import {
+  age,
+  duration,
+  etaText,
+  fields,
+  humanMs,
+  nameFlags,
+  ProgressLines,
+  phaseOf,
+  prettyPayload,
+  relative,
+  table,
+  when,
+} from "../src/format.ts";
 
 describe("readable output (#10 item 13)", () => {
   test.each([
@@ -163,5 +178,143 @@ describe("tables sized by content (#21 item 9)", () => {
     for (const line of fitted.split("\n")) expect(line.length, line).toBeLessThanOrEqual(76);
     expect(fitted).toContain(row.id);
     expect(fitted).toMatch(/loyalty\.\S*…\S*points/);
+  });
+});
+
+describe("durations and ages in human units, never milliseconds (#21 item 8)", () => {
+  const now = Date.parse("2026-11-30T12:00:00Z");
+
+  test.each([
+    [192_000, "3m 12s"],
+    [2 * 3_600_000 + 5 * 60_000, "2h 5m"],
+    [4 * 86_400_000 + 3 * 3_600_000, "4d 3h"],
+    [60_000, "1m"],
+    [86_400_000, "1d"],
+    [59_999, "59s"],
+    [-5, "0ms"],
+    [Number.NaN, "?"],
+  ])("duration(%d) is %s", (ms, text) => {
+    expect(duration(ms)).toBe(text);
+  });
+
+  test("a time relative to now, either way, with its timestamp beside it", () => {
+    expect(relative(new Date(now - 192_000), now)).toBe("3m 12s ago");
+    expect(relative(new Date(now + 2 * 3_600_000 + 5 * 60_000), now)).toBe("in 2h 5m");
+    expect(relative("2026-11-26T09:00:00Z", now)).toBe("4d 3h ago");
+    expect(relative(null, now)).toBe("");
+    expect(when(new Date(now - 192_000), now)).toBe("3m 12s ago (2026-11-30T11:56:48Z)");
+    expect(when(new Date(now + 60_000), now)).toBe("in 1m (2026-11-30T12:01:00Z)");
+    expect(when(undefined, now)).toBe("");
+    expect(age("not a time", now)).toBe("");
+  });
+
+  test("the library's millisecond counts read in human units; other text stays as typed", () => {
+    expect(humanMs("sample: 1 of 2 sample jobs did not resolve within 600000 ms")).toBe(
+      "sample: 1 of 2 sample jobs did not resolve within 10m",
+    );
+    expect(humanMs("the transport did not answer the replay's publish within 10000 ms; replay it again")).toBe(
+      "the transport did not answer the replay's publish within 10s; replay it again",
+    );
+    expect(humanMs("stopped by ana: latency at 900 ms, retry after 5000 ms")).toBe(
+      "stopped by ana: latency at 900 ms, retry after 5000 ms",
+    );
+  });
+
+  test("an ETA in whole seconds and up, never in ms; a paced rate without a long fraction", () => {
+    expect(etaText(0)).toBe("0s");
+    expect(etaText(0.2)).toBe("1s");
+    expect(etaText(191.2)).toBe("3m 12s");
+    expect(etaText(4 * 86_400 + 3 * 3_600)).toBe("4d 3h");
+    expect(etaText(Number.POSITIVE_INFINITY)).toBe("?");
+    const running = {
+      status: "running",
+      sampleSize: null,
+      samplePassedAt: null,
+      selected: 10,
+      replayed: 1,
+      skipped: 0,
+      succeeded: 1,
+      failedAgain: 0,
+    };
+    expect(phaseOf({ ...running, ratePerSecond: 10 / 3 })).toBe("paced at 3.333/s");
+    expect(phaseOf({ ...running, ratePerSecond: 0.001 })).toBe("paced at 0.001/s");
+    expect(phaseOf({ ...running, ratePerSecond: 1000 })).toBe("paced at 1000/s");
+  });
+
+  test("a record's ids are never cut, whatever the width", () => {
+    const record = {
+      id: "01a22bed-d570-71be-8a14-720f35278901",
+      jobId: "01a22bed-d570-71be-8a14-720f35278902",
+      replayBatchId: "01a22bed-d570-71be-8a14-720f35278903",
+      reason: "r".repeat(100),
+    };
+    const shown = fields(record, ["id", "jobId", "replayBatchId", "reason"], { width: 40 });
+    for (const id of [record.id, record.jobId, record.replayBatchId]) expect(shown).toContain(id);
+    expect(shown).toContain("…");
+    const related = table([{ ...record, age: "3m ago" }], ["id", "age", "replayBatchId", "reason"], { width: 90 });
+    expect(related).toContain(record.replayBatchId);
+  });
+
+  test("a batch for people: its times as ages and durations beside the timestamps, its lease, no raw ms", () => {
+    const at = (offsetMs: number) => new Date(now + offsetMs);
+    const batch = {
+      id: "01a22bed-d570-71be-8a14-720f35278901",
+      status: "running",
+      createdAt: at(-3 * 3_600_000),
+      approvedAt: at(-2 * 3_600_000 - 5 * 60_000),
+      startedAt: at(-192_000),
+      endedAt: null,
+      expiresAt: at(4 * 86_400_000 + 3 * 3_600_000),
+      leaseOwner: "ana@host:42:abcd1234",
+      leaseExpiresAt: at(25_000),
+      stopReason: null,
+      recovered: false,
+      timeToRecoveryMs: null,
+      succeeded: 1,
+      duplicates: 0,
+      failedAgain: 0,
+      unresolved: 2,
+      pending: 7,
+    } as unknown as BatchView;
+    expect(humanBatch(batch, now)).toMatchObject({
+      created: "3h ago (2026-11-30T09:00:00Z)",
+      approved: "2h 5m ago (2026-11-30T09:55:00Z)",
+      started: "3m 12s ago (2026-11-30T11:56:48Z)",
+      ended: "",
+      ran: "3m 12s so far",
+      expires: "in 4d 3h (2026-12-04T15:00:00Z)",
+      lease: "ana@host:42:abcd1234, expires in 25s",
+      recovery: "not yet: 2 replayed jobs unresolved, 7 letters to replay",
+    });
+    const over = humanBatch(
+      {
+        ...batch,
+        status: "paused",
+        approvedAt: null,
+        endedAt: at(-60_000),
+        expiresAt: at(-30_000),
+        leaseExpiresAt: at(-45_000),
+        stopReason: "sample: 1 of 1 sample jobs did not resolve within 600000 ms",
+        recovered: true,
+        timeToRecoveryMs: 125_000,
+        unresolved: 0,
+        pending: 0,
+      },
+      now,
+    );
+    expect(over).toMatchObject({
+      approved: "",
+      ended: "1m ago (2026-11-30T11:59:00Z)",
+      ran: "2m 12s",
+      expires: "expired 30s ago (2026-11-30T11:59:30Z)",
+      lease: "ana@host:42:abcd1234, lapsed 45s ago: another runner may take over",
+      stopReason: "sample: 1 of 1 sample jobs did not resolve within 10m",
+      recovery: "done: 1 succeeded, 0 already done, 0 failed again in 2m 5s",
+    });
+    expect(humanBatch({ ...batch, startedAt: null, leaseOwner: null, leaseExpiresAt: null }, now)).toMatchObject({
+      started: "not yet",
+      ran: "not yet",
+      lease: "none",
+    });
   });
 });

@@ -187,6 +187,9 @@ describe("runbooks/dead-letter-replay.md works verbatim on the demo data (#10 it
       approvedBy: BO,
       replayed: 1,
     });
+    // Made for the consumer the demo reported (its build: "local"), and run against it (#21 item 6).
+    const { consumerVersions } = await json(["batch", "show", created as string]);
+    expect(Object.values(consumerVersions)).toEqual([expect.objectContaining({ version: "local" })]);
     expect(await json(["batch", "show", watched as string])).toMatchObject({ status: "stopped" });
   });
 

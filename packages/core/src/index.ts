@@ -33,6 +33,8 @@ export {
   FENCE_TTL_CLOCK_ALLOWANCE_MS,
   fenceTtlMarginMs,
 } from "./consumer.ts";
+export type { ConsumerVersion } from "./db/consumer-versions.ts";
+export { reportConsumerVersions } from "./db/consumer-versions.ts";
 export type {
   AlertWindowRow,
   DeadLetterErrorClass,

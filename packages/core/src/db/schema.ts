@@ -298,6 +298,12 @@ export const replayBatches = core.table(
     /** Who runs the batch now, until when: one runner at a time keeps the rate limit. */
     leaseOwner: text("lease_owner"),
     leaseExpiresAt: timestamp("lease_expires_at", { withTimezone: true }),
+    /**
+     * The versions of the batch's consumers when it was made (what its
+     * approver approved), by "queue consumer": `{ version, kinds }`; null
+     * when none had reported one (#21 item 6).
+     */
+    consumerVersions: jsonb("consumer_versions").$type<Record<string, { version: string; kinds: string[] }>>(),
   },
   (t) => [
     check("replay_batches_status_valid", sql`${t.status} in (${inList(REPLAY_BATCH_STATUSES)})`),
@@ -488,5 +494,27 @@ export const transportHolds = core.table(
   (t) => [
     primaryKey({ columns: [t.consumer, t.messageKey, t.deliveryCount] }),
     index("transport_holds_held_at_idx").on(t.heldAt),
+  ],
+);
+
+/**
+ * What each running consumer reports of itself (#21 item 6): the build or
+ * deployment its composition root runs and the job kinds it accepts,
+ * written at start (`reportConsumerVersions`). A replay batch records the
+ * versions of its consumers when it is made (what its approver approved)
+ * and will not run against another.
+ */
+export const consumerVersions = core.table(
+  "consumer_versions",
+  {
+    queue: text("queue").notNull(),
+    consumer: text("consumer").notNull(),
+    version: text("version").notNull(),
+    kinds: text("kinds").array().notNull().default(sql`'{}'::text[]`),
+    reportedAt: timestamp("reported_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.queue, t.consumer] }),
+    check("consumer_versions_version_given", sql`btrim(${t.version}) <> '' and char_length(${t.version}) <= 200`),
   ],
 );

@@ -13,6 +13,7 @@ import { z } from "zod";
 import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
 import { createMemoryQueue, type MemoryQueue } from "../adapters/memory/index.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
+import { reportConsumerVersions } from "../db/consumer-versions.ts";
 import { deadLetters, opsAudit } from "../db/schema.ts";
 import { createEnvelope } from "../envelope.ts";
 import { isSoftcrumError } from "../errors.ts";
@@ -324,5 +325,83 @@ describe("pacing as a share of live traffic (#21 item 5)", () => {
         "INVALID_INPUT",
       );
     }
+  });
+});
+
+describe("a batch runs only against the consumer version it was made and approved for (#21 item 6)", () => {
+  const VQUEUE = "controls.versioned";
+  const VCONSUMER = "controls.versioned-award";
+  /** Reports `deployAfterFirst` as its version once its first job committed: a deploy mid-batch. */
+  let deployAfterFirst: string | undefined;
+  const versioned = defineConsumer({
+    name: VCONSUMER,
+    queue: VQUEUE,
+    kind: ["points.award.v1", "points.award.v2"],
+    schema: z.object({ customerId: z.string(), points: z.number() }),
+    async handle(data, { tx, envelope }) {
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: VCONSUMER, amount: data.points });
+      if (deployAfterFirst) {
+        const version = deployAfterFirst;
+        deployAfterFirst = undefined;
+        // On its own connection, committed before this job settles: the chunk's end sees it.
+        await reportConsumerVersions(pg.db, [versioned], version);
+      }
+    },
+  });
+  async function versionedLetters(n: number): Promise<void> {
+    for (let i = 0; i < n; i++) {
+      const envelope = createEnvelope({
+        tenantId: "acme",
+        kind: "points.award.v1",
+        data: { customerId: `v-${i}`, points: 1 },
+      });
+      await pg.sql`insert into core.dead_letters (id, job_id, tenant_id, queue, consumer, payload, attempts, last_error, error_class)
+        values (${uuidv7()}, ${envelope.job_id}, 'acme', ${VQUEUE}, ${VCONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+    }
+  }
+  beforeEach(async () => {
+    await pg.sql`truncate core.consumer_versions`;
+    queue.subscribe(bindConsumer(versioned, { db: pg.db, logger: silentLogger }));
+    deployAfterFirst = undefined;
+  });
+
+  test("the versions are recorded when the batch is made; another version refuses the run, audited", async () => {
+    await reportConsumerVersions(pg.db, [versioned], "build-1");
+    await versionedLetters(2);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 50 });
+    expect(batch.consumerVersions).toEqual({
+      [`${VQUEUE} ${VCONSUMER}`]: { version: "build-1", kinds: ["points.award.v1", "points.award.v2"] },
+    });
+    await reportConsumerVersions(pg.db, [versioned], "build-2");
+    const refused = await refusal(ops.batches.run(batch.id, { operator: "ana" }));
+    expect(refused?.code).toBe("CONFLICT");
+    expect(refused?.message).toMatch(/runs version build-2, not build-1 the batch was made and approved for/);
+    expect((await ops.batches.get(batch.id)).status).toBe("ready");
+    expect(await replayedCount()).toBe(0);
+    const [audited] = await pg.db.select().from(opsAudit).where(eq(opsAudit.action, "batch.run"));
+    expect(audited).toMatchObject({ result: "rejected", detail: expect.stringMatching(/build-2/) });
+    // Back on the version it was approved for, it runs.
+    await reportConsumerVersions(pg.db, [versioned], "build-1");
+    expect(await ops.batches.run(batch.id, { operator: "ana" })).toMatchObject({ status: "completed", replayed: 2 });
+  });
+
+  test("a deploy mid-batch pauses it at the end of the chunk, with the reason, audited", async () => {
+    await reportConsumerVersions(pg.db, [versioned], "build-1");
+    await versionedLetters(6);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 50, batchSize: 2 });
+    deployAfterFirst = "build-2";
+    const ran = await ops.batches.run(batch.id, { operator: "ana" });
+    expect(ran).toMatchObject({
+      status: "paused",
+      replayed: 2,
+      stopReason: expect.stringMatching(/^consumer version changed: .* runs version build-2, not build-1/),
+    });
+    const pauses = await pg.db.select().from(opsAudit).where(eq(opsAudit.action, "batch.pause"));
+    expect(pauses.map((p) => (p.scope as { cause?: string }).cause)).toEqual(["consumer_version"]);
+  });
+
+  test("a consumer that reports an invalid version is a configuration error", async () => {
+    await expect(reportConsumerVersions(pg.db, [versioned], " ")).rejects.toThrow(/non-blank string/);
+    await expect(reportConsumerVersions(pg.db, [versioned], "x".repeat(201))).rejects.toThrow(/at most 200/);
   });
 });

@@ -171,3 +171,18 @@ export function checkedBatchInput(
   }
   return { expiresAt, rateFloor };
 }
+
+/** What `ops_batch_set` does (drizzle/0018_ops_roles.sql). */
+export type BatchAction =
+  | "pause"
+  | "stop"
+  | "resume"
+  | "lease"
+  | "renew"
+  | "renew_unexpired"
+  | "pause_running"
+  | "await_approval"
+  | "sample_passed"
+  | "release"
+  | "complete"
+  | "expire";

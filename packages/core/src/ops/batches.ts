@@ -17,6 +17,7 @@ import { hostname } from "node:os";
 import { and, asc, desc, eq, lt, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { z } from "zod";
+import { consumersOf, pairsOf, reportedVersions, versionChange } from "../db/consumer-versions.ts";
 import {
   deadLetters,
   REPLAY_BATCH_STATUSES,
@@ -28,6 +29,7 @@ import {
 import { describeError, OpsError } from "../errors.ts";
 import { sleep } from "../timers.ts";
 import {
+  type BatchAction,
   type BatchPolicy,
   type BatchView,
   type CreateBatchInput,
@@ -92,6 +94,14 @@ export class ReplayBatches {
           .orderBy(asc(deadLetters.id))
           .limit(parsed.limit ?? MAX_BATCH_LETTERS);
         if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
+        // The versions its consumers report now: what the approver approves, and what it runs against (#21 item 6).
+        const versions = await reportedVersions(
+          tx,
+          await consumersOf(
+            tx,
+            letters.map((l) => l.id),
+          ),
+        );
         // Through the database's function: the requester it records is the
         // session's role (or a trusted service's named subject).
         const row = {
@@ -107,6 +117,7 @@ export class ReplayBatches {
           max_duplicate_rate: parsed.maxDuplicateRate,
           expires_at: expiresAt.toISOString(),
           created_at: now.toISOString(),
+          consumer_versions: Object.keys(versions).length > 0 ? versions : null,
         };
         await tx.execute(sql`
           select core.ops_create_batch(${JSON.stringify(row)}::jsonb, ${parsed.operator},
@@ -270,6 +281,20 @@ export class ReplayBatches {
         `batch ${id} expired at ${first.expiresAt.toISOString()} before it finished; it is now expired`,
       );
       return this.#finish(id, "expired", "expired before it finished", operator);
+    }
+    // Never against consumers other than those it was made and approved for (#21 item 6).
+    const versionNow = async () =>
+      versionChange(first.consumerVersions, await reportedVersions(this.#db, pairsOf(first.consumerVersions)));
+    const changed = await versionNow().catch(
+      (error: unknown) => `their versions could not be read: ${describeError(error)}`,
+    );
+    if (changed) {
+      return refuse(
+        new OpsError(
+          "CONFLICT",
+          `batch ${id} cannot run: ${changed}; create a new batch for the consumers running now`,
+        ),
+      );
     }
     /** After this clock time the run claims nothing more (`maxDurationMs`, #21 item 2). */
     const deadline = options.maxDurationMs !== undefined ? startedAt + Math.max(0, options.maxDurationMs) : null;
@@ -553,6 +578,12 @@ export class ReplayBatches {
           intervalMs = 1000 / pacedPerSecond;
         }
         await progress();
+        // A deploy mid-batch: the rest waits for a person (a failed read: the next chunk reads again).
+        const moved = await versionNow().catch(() => undefined);
+        if (moved) {
+          stopped ??= { reason: `consumer version changed: ${moved}`, cause: "consumer_version" };
+          continue;
+        }
         checking ??= check(batch.maxFailureRate, inSample).finally(() => {
           checking = undefined;
         });
@@ -646,21 +677,6 @@ export class ReplayBatches {
     return this.get(id);
   }
 }
-
-/** What `ops_batch_set` does (drizzle/0018_ops_roles.sql). */
-type BatchAction =
-  | "pause"
-  | "stop"
-  | "resume"
-  | "lease"
-  | "renew"
-  | "renew_unexpired"
-  | "pause_running"
-  | "await_approval"
-  | "sample_passed"
-  | "release"
-  | "complete"
-  | "expire";
 
 // Moved by role (batch-input.ts, batch-resolution.ts); exported from here unchanged.
 export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batch-input.ts";

@@ -637,7 +637,9 @@ describe("replaying again a replay that never ran (#21 item 4)", () => {
       replayed: 1,
     });
     await queue.drain();
-    const [letter] = await pg.sql<{ job_id: string }[]>`select job_id from core.dead_letters where id = ${id as string}`;
+    const [letter] = await pg.sql<
+      { job_id: string }[]
+    >`select job_id from core.dead_letters where id = ${id as string}`;
     expect(await statusOf(id as string)).toBe("replayed");
     expect(await effectsOf(letter?.job_id as string)).toBe(0);
 
