@@ -16,7 +16,7 @@
  * (comma-separated customer ids) keeps rejecting those customers, e.g. to
  * rehearse a replay that fails again.
  */
-import { type ReplayModule, replayRouteOf } from "@softcrum/core/ops";
+import { type ReplayModule, replayRouteOf, strainRecorder } from "@softcrum/core/ops";
 import { createAwardPointsConsumer, createNotifyPartnerConsumer, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule } from "./composition-root.ts";
 import { createRecurringConsumer } from "./recurring-jobs.ts";
@@ -37,7 +37,10 @@ export const loyaltyOps: ReplayModule = {
       .split(",")
       .map((s) => s.trim())
       .filter(Boolean);
+    // Its consumers' rate-limited outcomes and latency: a batch run here pauses on their strain.
+    const strain = strainRecorder();
     const module = await createLoyaltyModule({
+      metrics: strain.metrics,
       databaseUrl,
       transport: "memory",
       notifier: acceptingPartner,
@@ -46,6 +49,7 @@ export const loyaltyOps: ReplayModule = {
     });
     return {
       lanes: module.queue,
+      strain,
       async close() {
         // The consumers run here: let the replays finish (and the partner
         // notifications their credits wrote to the outbox), then close.

@@ -20,6 +20,8 @@ const BATCH_FIELDS = [
   "sampleSize",
   "maxFailureRate",
   "maxDuplicateRate",
+  "maxRateLimitedMultiple",
+  "maxLatencyMultiple",
   "selected",
   "replayed",
   "skipped",

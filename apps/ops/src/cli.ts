@@ -192,6 +192,7 @@ async function runWith(
         replay: transport.replay,
         batchPolicy,
         approvalThreshold: DEFAULT_BATCH_POLICY.approvalThreshold,
+        ...(transport.strain ? { strain: transport.strain } : {}),
       }),
       operator: database.operator,
     });
@@ -449,6 +450,8 @@ export function buildProgram(): Command {
       "pause above this share of replays whose job was already done (a wrong selection)",
       "0.5",
     )
+    .option("--max-rate-limited-x <n>", "pause when its consumers' rate-limited share passes n × the one before", "3")
+    .option("--max-latency-x <n>", "pause when its consumers' handler p95 passes n × the one before", "3")
     .option("--limit <n>", "at most this many letters (oldest first)")
     .option("--expires-in <minutes>", "the batch does not run after this", "1440")
     .action((o) =>
@@ -464,6 +467,8 @@ export function buildProgram(): Command {
           sampleSize: "--sample",
           maxFailureRate: "--max-failure-rate",
           maxDuplicateRate: "--max-duplicate-rate",
+          maxRateLimitedMultiple: "--max-rate-limited-x",
+          maxLatencyMultiple: "--max-latency-x",
           limit: "--limit",
           expiresInMinutes: "--expires-in",
           expiresAt: "--expires-in",
@@ -477,6 +482,8 @@ export function buildProgram(): Command {
           batchSize: o.batchSize,
           maxFailureRate: o.maxFailureRate,
           maxDuplicateRate: o.maxDuplicateRate,
+          maxRateLimitedMultiple: o.maxRateLimitedX,
+          maxLatencyMultiple: o.maxLatencyX,
           expiresInMinutes: o.expiresIn,
           ...(o.sample ? { sampleSize: o.sample } : {}),
           ...(o.limit ? { limit: o.limit } : {}),

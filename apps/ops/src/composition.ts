@@ -25,6 +25,7 @@ import {
   type ReplayModule,
   type ReplayTransport,
   registeredReplay,
+  type StrainMonitor,
 } from "@softcrum/core/ops";
 import { loyaltyOps } from "@softcrum/example-loyalty/ops-binding";
 
@@ -33,6 +34,8 @@ export const MODULES: readonly ReplayModule[] = [loyaltyOps];
 
 export interface ReplayComposition {
   readonly replay: ReplayTransport;
+  /** Where the consumers' strain is read, when they run here (in-process); batches pause on it. */
+  readonly strain?: StrainMonitor;
   /** "vercel" or "in-process": where replays go. */
   readonly transport: "vercel" | "in-process";
   /** Lets in-process replays finish, then closes the transport. */
@@ -82,8 +85,25 @@ export async function openReplayTransport(
     await Promise.allSettled(running.map((r) => r.close()));
     throw error;
   }
+  const strains = running.flatMap((r) => (r.strain ? [r.strain] : []));
   return {
     transport: "in-process",
+    ...(strains.length > 0
+      ? {
+          strain: {
+            // Each module counts its own consumers; a batch's consumers may span modules.
+            async strain(consumers: readonly string[], from: number, to: number) {
+              const parts = await Promise.all(strains.map((s) => s.strain(consumers, from, to)));
+              const p95s = parts.flatMap((p) => (p.p95Ms === null ? [] : [p.p95Ms]));
+              return {
+                deliveries: parts.reduce((n, p) => n + p.deliveries, 0),
+                rateLimited: parts.reduce((n, p) => n + p.rateLimited, 0),
+                p95Ms: p95s.length > 0 ? Math.max(...p95s) : null,
+              };
+            },
+          },
+        }
+      : {}),
     replay: firstRoutingReplay(
       running.map((r) => inProcessReplay(r.lanes)),
       { noneReason: NOT_IN_PROCESS },

@@ -258,6 +258,8 @@ describe("pnpm ops, end to end on a real database", () => {
     const badRate = await ops(["batch", "create", "--reason", "r", "--rate", "0"]);
     expect(badRate).toMatchObject({ code: 2, stderr: expect.stringMatching(/--rate: /) });
     expect(badRate.stderr).not.toMatch(/ratePerSecond/);
+    const badStrain = await ops(["batch", "create", "--reason", "r", "--rate", "1", "--max-latency-x", "0.5"]);
+    expect(badStrain).toMatchObject({ code: 2, stderr: expect.stringMatching(/--max-latency-x: /) });
     const unknown = await ops(["dlq", "show", "01a22958-9425-749c-b1fb-2ee68084ce9f"]);
     expect(unknown).toMatchObject({ code: 3, stderr: expect.stringMatching(/no dead letter/) });
     const notAnId = await ops(["dlq", "show", "42"]);

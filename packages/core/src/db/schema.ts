@@ -286,6 +286,10 @@ export const replayBatches = core.table(
     windowDuplicates: integer("window_duplicates").notNull().default(0),
     /** Pause when more than this share of the resolved replays since `rateWindowStart` were duplicates. */
     maxDuplicateRate: doublePrecision("max_duplicate_rate").notNull().default(0.5),
+    /** Pause when its consumers' rate-limited share during the batch passes this multiple of the baseline (#21 item 5). */
+    maxRateLimitedMultiple: doublePrecision("max_rate_limited_multiple").notNull().default(3),
+    /** Pause when its consumers' handler p95 during the batch passes this multiple of the baseline (#21 item 5). */
+    maxLatencyMultiple: doublePrecision("max_latency_multiple").notNull().default(3),
     /** When the runner last resolved a replayed job: with `startedAt`, the batch's time to recovery. */
     lastResolvedAt: timestamp("last_resolved_at", { withTimezone: true }),
     samplePassedAt: timestamp("sample_passed_at", { withTimezone: true }),
@@ -319,6 +323,10 @@ export const replayBatches = core.table(
     check("replay_batches_sample_size_positive", sql`${t.sampleSize} is null or ${t.sampleSize} > 0`),
     check("replay_batches_failure_rate_range", sql`${t.maxFailureRate} > 0 and ${t.maxFailureRate} <= 1`),
     check("replay_batches_duplicate_rate_range", sql`${t.maxDuplicateRate} > 0 and ${t.maxDuplicateRate} <= 1`),
+    check(
+      "replay_batches_strain_multiples_range",
+      sql`${t.maxRateLimitedMultiple} >= 1 and ${t.maxRateLimitedMultiple} <= 100 and ${t.maxLatencyMultiple} >= 1 and ${t.maxLatencyMultiple} <= 100`,
+    ),
     index("replay_batches_status_idx").on(t.status, t.createdAt),
     // What one requester asked to replay over the approval window (#10 item 4).
     index("replay_batches_requester_idx").on(t.requestedBy, t.createdAt),

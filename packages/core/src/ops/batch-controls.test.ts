@@ -20,6 +20,7 @@ import { isSoftcrumError } from "../errors.ts";
 import { sleep } from "../timers.ts";
 import { createOps, type Ops } from "./index.ts";
 import { liveRatePerSecond, pacedRate } from "./pacing.ts";
+import { type StrainRecorder, strainRecorder } from "./strain.ts";
 
 const pg = useTestDatabase("batch-controls");
 const QUEUE = "controls.points";
@@ -403,5 +404,107 @@ describe("a batch runs only against the consumer version it was made and approve
   test("a consumer that reports an invalid version is a configuration error", async () => {
     await expect(reportConsumerVersions(pg.db, [versioned], " ")).rejects.toThrow(/non-blank string/);
     await expect(reportConsumerVersions(pg.db, [versioned], "x".repeat(201))).rejects.toThrow(/at most 200/);
+  });
+});
+
+describe("a dependency straining under a batch pauses it (#21 item 5)", () => {
+  const SQUEUE = "controls.strained";
+  const SCONSUMER = "controls.strained-award";
+  /** Runs once, inside the first replayed job: what live traffic does to the dependency meanwhile. */
+  let duringFirst: (() => void) | undefined;
+  const strained = defineConsumer({
+    name: SCONSUMER,
+    queue: SQUEUE,
+    kind: "points.award.v1",
+    schema: z.object({ customerId: z.string(), points: z.number() }),
+    async handle(data, { tx, envelope }) {
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: SCONSUMER, amount: data.points });
+      const hook = duringFirst;
+      duringFirst = undefined;
+      hook?.();
+    },
+  });
+  const attributes = { queue: SQUEUE, consumer: SCONSUMER } as const;
+  let recorder: StrainRecorder;
+  async function strainedLetters(n: number): Promise<void> {
+    for (let i = 0; i < n; i++) {
+      const envelope = createEnvelope({
+        tenantId: "acme",
+        kind: "points.award.v1",
+        data: { customerId: `s-${i}`, points: 1 },
+      });
+      await pg.sql`insert into core.dead_letters (id, job_id, tenant_id, queue, consumer, payload, attempts, last_error, error_class)
+        values (${uuidv7()}, ${envelope.job_id}, 'acme', ${SQUEUE}, ${SCONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+    }
+  }
+  /** `n` live deliveries as the consumers' metrics report them: `limited` of them rate-limited, each handler run `ms`. */
+  const live = (n: number, limited: number, ms: number) => {
+    for (let i = 0; i < n; i++) {
+      recorder.metrics.jobProcessed({ ...attributes, outcome: i < limited ? "rate_limited" : "success" });
+      if (i >= limited) recorder.metrics.handlerDuration(ms, { ...attributes, outcome: "success" });
+    }
+  };
+  beforeEach(() => {
+    recorder = strainRecorder();
+    queue.subscribe(bindConsumer(strained, { db: pg.db, logger: silentLogger, metrics: recorder.metrics }));
+    ops = createOps({
+      db: pg.db,
+      queue,
+      strain: recorder,
+      batchPolicy: { approvalThreshold: 100, pollIntervalMs: 20 },
+    });
+    duringFirst = undefined;
+  });
+  const pauses = async () =>
+    (await pg.db.select().from(opsAudit).where(eq(opsAudit.action, "batch.pause"))).map(
+      (p) => (p.scope as { cause?: string }).cause,
+    );
+
+  test("rate-limited outcomes during the batch over 3 × the share before it: paused at the end of the chunk, audited", async () => {
+    live(40, 0, 5);
+    await strainedLetters(6);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 50, batchSize: 2 });
+    expect(batch).toMatchObject({ maxRateLimitedMultiple: 3, maxLatencyMultiple: 3 });
+    duringFirst = () => live(10, 10, 5);
+    expect(await ops.batches.run(batch.id, { operator: "ana" })).toMatchObject({
+      status: "paused",
+      replayed: 2,
+      stopReason: expect.stringMatching(/^dependency strain: 10 of 1\d deliveries rate-limited during the batch/),
+    });
+    expect(await pauses()).toEqual(["dependency_strain"]);
+  });
+
+  test("handler p95 during the batch over 3 × the p95 before it: paused", async () => {
+    live(30, 0, 5);
+    await strainedLetters(6);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 50, batchSize: 2 });
+    duringFirst = () => live(30, 0, 100);
+    expect(await ops.batches.run(batch.id, { operator: "ana" })).toMatchObject({
+      status: "paused",
+      replayed: 2,
+      stopReason: expect.stringMatching(/^dependency strain: handler p95 100 ms during the batch, over 3 × the 5 ms/),
+    });
+    expect(await pauses()).toEqual(["dependency_strain"]);
+  });
+
+  test("the thresholds are the batch's own: the same strain under a batch allowing 100 × completes", async () => {
+    live(40, 4, 5);
+    await strainedLetters(6);
+    const batch = await ops.batches.create({
+      operator: "ana",
+      reason: "x",
+      ratePerSecond: 50,
+      batchSize: 2,
+      maxRateLimitedMultiple: 100,
+      maxLatencyMultiple: 100,
+    });
+    duringFirst = () => live(12, 10, 100);
+    expect(await ops.batches.run(batch.id, { operator: "ana" })).toMatchObject({ status: "completed", replayed: 6 });
+    expect(await pauses()).toEqual([]);
+    // Out of their bounds: bad input.
+    const refused = await refusal(
+      ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 1, maxLatencyMultiple: 0.5 }),
+    );
+    expect(refused?.code).toBe("INVALID_INPUT");
   });
 });

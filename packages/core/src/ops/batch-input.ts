@@ -8,6 +8,7 @@ import type { ReplayBatchRow } from "../db/schema.ts";
 import { OpsError } from "../errors.ts";
 import { deadLetterFilterSchema, operatorSchema, reasonSchema } from "./filters.ts";
 import { MAX_BATCH_LIFETIME_MS } from "./replay-claim.ts";
+import { DEFAULT_MAX_LATENCY_MULTIPLE, DEFAULT_MAX_RATE_LIMITED_MULTIPLE } from "./strain.ts";
 
 export interface BatchPolicy {
   /** Batches selecting more letters than this need an approver who is not the requester. @default 100 */
@@ -77,6 +78,13 @@ export const createSchema = z.strictObject({
    * fix already ran). Counted from `minResolvedForRate` resolved replays on.
    */
   maxDuplicateRate: z.coerce.number().gt(0).max(1).default(DEFAULT_MAX_DUPLICATE_RATE),
+  /**
+   * Pause when the consumers' rate-limited share of deliveries during the
+   * batch passes this multiple of the share before it (dependency strain).
+   */
+  maxRateLimitedMultiple: z.coerce.number().min(1).max(100).default(DEFAULT_MAX_RATE_LIMITED_MULTIPLE),
+  /** Pause when the consumers' handler p95 during the batch passes this multiple of the p95 before it. */
+  maxLatencyMultiple: z.coerce.number().min(1).max(100).default(DEFAULT_MAX_LATENCY_MULTIPLE),
   /** At most this many letters (oldest first). */
   limit: z.coerce.number().int().positive().max(MAX_BATCH_LETTERS).optional(),
   /** The batch does not run after this. */

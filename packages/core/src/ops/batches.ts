@@ -17,7 +17,7 @@ import { hostname } from "node:os";
 import { and, asc, desc, eq, lt, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { z } from "zod";
-import { consumersOf, pairsOf, reportedVersions, versionChange } from "../db/consumer-versions.ts";
+import { consumersOf, reportedVersions } from "../db/consumer-versions.ts";
 import {
   deadLetters,
   REPLAY_BATCH_STATUSES,
@@ -28,6 +28,7 @@ import {
 } from "../db/schema.ts";
 import { describeError, OpsError } from "../errors.ts";
 import { sleep } from "../timers.ts";
+import { stopBetweenChunks, strainBaseline, versionMoved } from "./batch-guards.ts";
 import {
   type BatchAction,
   type BatchPolicy,
@@ -115,6 +116,8 @@ export class ReplayBatches {
           sample_size: parsed.sampleSize ?? null,
           max_failure_rate: parsed.maxFailureRate,
           max_duplicate_rate: parsed.maxDuplicateRate,
+          max_rate_limited_multiple: parsed.maxRateLimitedMultiple,
+          max_latency_multiple: parsed.maxLatencyMultiple,
           expires_at: expiresAt.toISOString(),
           created_at: now.toISOString(),
           consumer_versions: Object.keys(versions).length > 0 ? versions : null,
@@ -283,9 +286,7 @@ export class ReplayBatches {
       return this.#finish(id, "expired", "expired before it finished", operator);
     }
     // Never against consumers other than those it was made and approved for (#21 item 6).
-    const versionNow = async () =>
-      versionChange(first.consumerVersions, await reportedVersions(this.#db, pairsOf(first.consumerVersions)));
-    const changed = await versionNow().catch(
+    const changed = await versionMoved(this.#db, first).catch(
       (error: unknown) => `their versions could not be read: ${describeError(error)}`,
     );
     if (changed) {
@@ -365,7 +366,10 @@ export class ReplayBatches {
 
     // Paced by a share of live traffic: measured now and again at every chunk.
     const pacedByShare = first.rateShare !== null && first.rateFloor !== null;
-    const consumers = pacedByShare ? await batchConsumers(this.#db, id) : [];
+    const strain = this.#ops.strain;
+    const consumers = pacedByShare || strain ? await batchConsumers(this.#db, id) : [];
+    // The baseline of dependency strain: the consumers' live traffic before the batch (#21 item 5).
+    const baseline = await strainBaseline(strain, consumers, startedAt);
     const pace = async (): Promise<number> => {
       if (!pacedByShare) return first.ratePerSecond;
       const live = await liveRatePerSecond(this.#db, consumers);
@@ -578,10 +582,11 @@ export class ReplayBatches {
           intervalMs = 1000 / pacedPerSecond;
         }
         await progress();
-        // A deploy mid-batch: the rest waits for a person (a failed read: the next chunk reads again).
-        const moved = await versionNow().catch(() => undefined);
-        if (moved) {
-          stopped ??= { reason: `consumer version changed: ${moved}`, cause: "consumer_version" };
+        // A deploy, or a dependency straining under the batch: the rest waits for a person.
+        const guard = { db: this.#db, batch, strain, baseline, consumers, startedAt, now: clock.now() };
+        const stop = await stopBetweenChunks(guard);
+        if (stop) {
+          stopped ??= stop;
           continue;
         }
         checking ??= check(batch.maxFailureRate, inSample).finally(() => {

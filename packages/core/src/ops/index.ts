@@ -71,3 +71,14 @@ export function createOps(deps: OpsDeps & { batchPolicy?: Partial<BatchPolicy> }
   const deadLetters = new DeadLetterOperations({ ...deps, ...approval });
   return { deadLetters, batches: new ReplayBatches(deadLetters, { ...approval, ...deps.batchPolicy }) };
 }
+export type { ConsumerStrain, StrainMonitor, StrainRecorder } from "./strain.ts";
+export {
+  BASELINE_WINDOW_MS,
+  DEFAULT_MAX_LATENCY_MULTIPLE,
+  DEFAULT_MAX_RATE_LIMITED_MULTIPLE,
+  MIN_LATENCY_SAMPLES,
+  MIN_RATE_LIMITED,
+  strainReason,
+  strainRecorder,
+  teeMetrics,
+} from "./strain.ts";

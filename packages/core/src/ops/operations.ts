@@ -49,6 +49,7 @@ import {
 import { markAudited } from "./refusals.ts";
 import * as claim from "./replay-claim.ts";
 import { type ReplayTransport, replayTransportFor } from "./routes.ts";
+import type { StrainMonitor } from "./strain.ts";
 
 const pageSchema = z.strictObject({
   limit: z.coerce.number().int().min(1).max(500).default(50),
@@ -108,6 +109,8 @@ export class DeadLetterOperations {
   readonly approvalThreshold: number;
   readonly approvalWindowMs: number;
   readonly publishTimeoutMs: number;
+  /** Where batch runners read their consumers' strain (#21 item 5); undefined: not checked. */
+  readonly strain: StrainMonitor | undefined;
 
   constructor(deps: OpsDeps) {
     this.db = deps.db;
@@ -123,6 +126,7 @@ export class DeadLetterOperations {
     this.clock = deps.clock ?? systemClock;
     this.maxDirectReplay = deps.maxDirectReplay ?? 100;
     this.publishTimeoutMs = deps.publishTimeoutMs ?? 10_000;
+    this.strain = deps.strain;
     if (!Number.isFinite(this.publishTimeoutMs) || this.publishTimeoutMs <= 0) {
       throw new InvalidConfigError(
         `the dead-letter operations: publishTimeoutMs must be a positive number of milliseconds, got ${deps.publishTimeoutMs}`,

@@ -8,6 +8,7 @@ import type { AnyPgDatabase } from "../db/types.ts";
 import type { Envelope } from "../envelope.ts";
 import type { QueuePort, ReplayLanePort } from "../queue-port.ts";
 import type { ReplayRoute, ReplayTransport } from "./routes.ts";
+import type { StrainMonitor } from "./strain.ts";
 
 /** Where replay and failed-again counts go (OpenTelemetry in production). */
 export interface OpsMetricsPort {
@@ -54,6 +55,12 @@ export interface OpsDeps {
    * not run). @default 10_000
    */
   readonly publishTimeoutMs?: number;
+  /**
+   * What the consumers report of their strain (rate-limited outcomes, handler
+   * p95), where they run: a batch pauses when it passes a multiple of the
+   * baseline before it (#21 item 5). @default none: not checked
+   */
+  readonly strain?: StrainMonitor;
 }
 
 export type DeadLetterSummary = Omit<DeadLetterRow, "payload">;

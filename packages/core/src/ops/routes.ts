@@ -14,6 +14,7 @@
 import type { MemoryQueue, ReplayDelivery } from "../adapters/memory/index.ts";
 import { ReplayNotRoutableError } from "../errors.ts";
 import type { DeliveryResult, PublishReceipt, QueuePort, ReplayLanePort } from "../queue-port.ts";
+import type { StrainMonitor } from "./strain.ts";
 
 /** One consumer of one queue whose dead letters can be replayed. */
 export interface ReplayRoute {
@@ -269,6 +270,8 @@ export interface ReplayModule {
 export interface InProcessConsumers {
   /** The in-process queue its consumers are subscribed to. */
   readonly lanes: InProcessLanes;
+  /** What its consumers report of their strain (a `strainRecorder` given to them as metrics): batches pause on it. */
+  readonly strain?: StrainMonitor;
   /** Lets the replays published so far run to the end, then stops the consumers. */
   close(): Promise<void>;
 }
