@@ -12,6 +12,7 @@ import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest
 import { z } from "zod";
 import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
 import { createMemoryQueue, type MemoryQueue } from "../adapters/memory/index.ts";
+import { createManualClock } from "../clock.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { reportConsumerVersions } from "../db/consumer-versions.ts";
 import { deadLetters, opsAudit } from "../db/schema.ts";
@@ -506,5 +507,24 @@ describe("a dependency straining under a batch pauses it (#21 item 5)", () => {
       ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 1, maxLatencyMultiple: 0.5 }),
     );
     expect(refused?.code).toBe("INVALID_INPUT");
+  });
+});
+
+describe("a batch's lease runs on the database's clock (#21 item 10)", () => {
+  test("a runner whose clock is ten minutes ahead cannot take over a lease the database says is held", async () => {
+    await pendingLetters(3);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 2, batchSize: 1 });
+    const first = ops.batches.run(batch.id, { operator: "ana" });
+    await until(async () => (await ops.batches.get(batch.id)).leaseOwner !== null);
+    const ahead = createOps({
+      db: pg.db,
+      queue,
+      clock: createManualClock(Date.now() + 10 * 60_000),
+      batchPolicy: { approvalThreshold: 100 },
+    });
+    const refused = await refusal(ahead.batches.run(batch.id, { operator: "bo" }));
+    expect(refused?.code).toBe("CONFLICT");
+    expect(refused?.message).toMatch(/being run by another runner \(ana@/);
+    expect(await first).toMatchObject({ status: "completed", replayed: 3, skipped: 0 });
   });
 });

@@ -304,7 +304,7 @@ export class ReplayBatches {
     const leased = await this.#set(id, "lease", {
       operator,
       runner,
-      leaseUntil: new Date(startedAt + this.#policy.leaseMs),
+      leaseMs: this.#policy.leaseMs,
     });
     if (!leased) {
       const now = await this.#load(id);
@@ -325,8 +325,7 @@ export class ReplayBatches {
       detail: `runner ${runner}`,
     });
 
-    const renewLease = () =>
-      this.#set(id, "renew", { operator, runner, leaseUntil: new Date(clock.now() + this.#policy.leaseMs) });
+    const renewLease = () => this.#set(id, "renew", { operator, runner, leaseMs: this.#policy.leaseMs });
     // The heartbeat: a wait longer than the lease (a slow publish, a rate
     // below one per lease) must not let a second runner take over mid-letter.
     let beat: Promise<unknown> | undefined;
@@ -344,8 +343,7 @@ export class ReplayBatches {
     heartbeat.unref();
 
     /** Renews the lease if this runner still holds a running, unexpired batch; false means stop. */
-    const stillMine = () =>
-      this.#set(id, "renew_unexpired", { operator, runner, leaseUntil: new Date(clock.now() + this.#policy.leaseMs) });
+    const stillMine = () => this.#set(id, "renew_unexpired", { operator, runner, leaseMs: this.#policy.leaseMs });
     /** Pauses the batch (or returns it to approval) if this runner still runs it, and audits the pause as an action. */
     const pauseIfRunning = async (stopReason: string, cause: string) => {
       const paused = await this.#set(id, cause === "needs_approval" ? "await_approval" : "pause_running", {
@@ -661,13 +659,13 @@ export class ReplayBatches {
   async #set(
     id: string,
     action: BatchAction,
-    fields: { operator: string; reason?: string | null; runner?: string; leaseUntil?: Date },
+    fields: { operator: string; reason?: string | null; runner?: string; leaseMs?: number },
   ): Promise<boolean> {
     const [row] = rowsOf<{ changed: boolean }>(
       await this.#db.execute(sql`
         select core.ops_batch_set(${id}::uuid, ${action}, ${fields.operator}, ${fields.reason ?? null},
           ${fields.runner ?? null}, ${this.#now().toISOString()}::timestamptz,
-          ${fields.leaseUntil?.toISOString() ?? null}::timestamptz) as changed`),
+          ${fields.leaseMs === undefined ? null : Math.ceil(fields.leaseMs)}::integer) as changed`),
     );
     return row?.changed === true;
   }
