@@ -1,9 +1,21 @@
 // `batch` output and `batch run` (moved out of cli.ts): a batch for people, the
 // --rate flag, and the runner with its progress bar or NDJSON events.
-import type { BatchView, Ops } from "@softcrum/core/ops";
+import type { BatchView, Ops, SampleReport } from "@softcrum/core/ops";
 import { SingleBar } from "cli-progress";
-import { duration, etaText, fields, humanMs, json, ndjson, ProgressLines, phaseOf, relative, when } from "./format.ts";
-import { EXIT, out, view } from "./output.ts";
+import {
+  duration,
+  etaText,
+  fields,
+  humanMs,
+  json,
+  ndjson,
+  ProgressLines,
+  phaseOf,
+  relative,
+  table,
+  when,
+} from "./format.ts";
+import { EXIT, out, rowsOf, view } from "./output.ts";
 
 const BATCH_FIELDS = [
   "id",
@@ -99,7 +111,7 @@ export async function runBatch(
   ops: Ops,
   operator: string,
   id: string,
-  o: { progress: boolean; json?: boolean; wide?: boolean },
+  o: { progress: boolean; json?: boolean; wide?: boolean; continueAfterSample?: boolean },
 ) {
   const controller = new AbortController();
   const interrupt = () => controller.abort();
@@ -186,6 +198,23 @@ export async function runBatch(
         pacedPerSecond = paced;
         show(b);
       },
+      // The sample's outcomes beside the selection's classes, then a person's yes (#21 item 7).
+      confirmSample: async (report) => {
+        bar?.stop();
+        barStarted = false;
+        if (o.json) out(ndjson({ event: "sample", ...report }));
+        else out(sampleText(report, o));
+        if (o.continueAfterSample) return true;
+        if (o.json || !process.stdin.isTTY || !terminal) {
+          if (!o.json) {
+            out(
+              `\npaused for review (no terminal to ask on): pnpm ops batch resume ${id} --reason "…" then pnpm ops batch run ${id}, or run it with --continue-after-sample`,
+            );
+          }
+          return false;
+        }
+        return ask(`continue with the other ${report.remaining} letters? [y/N] `);
+      },
     });
     running = false;
     bar?.stop();
@@ -199,5 +228,35 @@ export async function runBatch(
     bar?.stop();
     process.off("SIGINT", interrupt);
     process.off("SIGTERM", interrupt);
+  }
+}
+
+/** The sample job by job (what the letter failed with, what its replay did) and the selection's classes. */
+export function sampleText(report: SampleReport, o: { wide?: boolean } = {}): string {
+  const rows = report.items.map((i) => ({
+    id: i.deadLetterId,
+    errorClass: i.errorClass,
+    outcome: i.outcome,
+    now: i.newErrorClass ? `${i.newErrorClass}: ${i.newError ?? ""}` : "",
+    lastError: i.lastError,
+  }));
+  const selection = Object.entries(report.selection)
+    .map(([cls, n]) => `${cls} ${n}`)
+    .join(", ");
+  return [
+    `sample: ${report.items.length} replayed, every outcome in`,
+    table(rowsOf(rows), ["id", "errorClass", "outcome", "now", "lastError"], view(o)),
+    `selection by error class: ${selection}; ${report.remaining} letters left after the sample`,
+  ].join("\n");
+}
+
+/** A yes/no on the terminal; anything but y/yes is no. */
+async function ask(question: string): Promise<boolean> {
+  const { createInterface } = await import("node:readline/promises");
+  const rl = createInterface({ input: process.stdin, output: process.stderr });
+  try {
+    return /^\s*y(es)?\s*$/i.test(await rl.question(question));
+  } finally {
+    rl.close();
   }
 }

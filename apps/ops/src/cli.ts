@@ -527,6 +527,7 @@ export function buildProgram(): Command {
     .option("--no-progress", "no progress bar")
     .option("--json", "stream NDJSON: one progress event per line while it runs, then the result")
     .option("--wide", "print every cell whole")
+    .option("--continue-after-sample", "go on after a passing sample without asking (scripts; it is still shown)")
     .action((id, o) => withOps("publish", ({ ops, operator }) => runBatch(ops, operator, id, o)));
 
   COMMON(batch.command("show <id>").description("a batch with live counts")).action((id, o) =>

@@ -519,4 +519,37 @@ describe("pnpm ops, end to end on a real database", () => {
     expect(bad.stderr).toMatch(/--rate-floor/);
     await ops(["batch", "stop", shared.id, "--reason", "test over"], as(ANA));
   });
+
+  test("the sample's outcomes are shown beside the selection's classes; without a terminal to ask on, the batch pauses for review (#21 item 7)", async () => {
+    for (let i = 0; i < 3; i++) {
+      const envelope = createEnvelope({
+        tenantId: "sampled",
+        kind: "points.award.v1",
+        data: { customerId: `c-sample-${i}`, points: 1, reason: "x" },
+      });
+      await pg.sql`insert into core.dead_letters (id, job_id, tenant_id, queue, consumer, payload, attempts, last_error, error_class)
+        values (${randomUUID()}, ${envelope.job_id}, 'sampled', 'loyalty.points', 'loyalty.award-points', ${JSON.stringify(envelope)}, 5, 'partner down', 'exhausted')`;
+    }
+    const sampled = await opsJson(
+      ["batch", "create", "--tenant", "sampled", "--reason", "sampled", "--rate", "50", "--sample", "1"],
+      as(ANA),
+    );
+    const review = await ops(["batch", "run", sampled.id], as(ANA));
+    expect(review.code, review.stderr).toBe(5);
+    expect(review.stdout).toMatch(/sample: 1 replayed, every outcome in/);
+    expect(review.stdout).toMatch(/\bexhausted\s+succeeded\s+partner down/);
+    expect(review.stdout).toMatch(/selection by error class: exhausted 3; 2 letters left after the sample/);
+    expect(review.stdout).toMatch(/paused for review/);
+    expect(review.stdout).toMatch(/status\s+paused/);
+    // Resuming accepts the sample; the rest runs without asking again.
+    await opsJson(["batch", "resume", sampled.id, "--reason", "sample looks right"], as(ANA));
+    const done = await ops(["batch", "run", sampled.id, "--json"], as(ANA));
+    expect(done.code, done.stderr).toBe(0);
+    const events = done.stdout
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { event: string });
+    expect(events.map((e) => e.event)).not.toContain("sample");
+    expect(events.at(-1)).toMatchObject({ event: "result", batch: { status: "completed", replayed: 3, succeeded: 3 } });
+  });
 });

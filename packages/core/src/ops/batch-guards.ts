@@ -7,6 +7,10 @@
 import { pairsOf, reportedVersions, versionChange } from "../db/consumer-versions.ts";
 import type { ReplayBatchRow } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
+import { sleep } from "../timers.ts";
+import type { BatchPolicy, SampleReport } from "./batch-input.ts";
+import { resolveReplayed, sampleReport, sampleStats } from "./batch-resolution.ts";
+import type { DeadLetterOperations } from "./operations.ts";
 import { BASELINE_WINDOW_MS, type ConsumerStrain, type StrainMonitor, strainReason } from "./strain.ts";
 
 type Db = Pick<AnyPgDatabase, "execute">;
@@ -47,4 +51,56 @@ export async function stopBetweenChunks(input: {
   );
   const strained = during && strainReason(input.baseline, during, input.batch);
   return strained ? { reason: strained, cause: "dependency_strain" } : undefined;
+}
+
+/**
+ * Waits until every sample job resolved — succeeded, already done, or failed
+ * again: all N outcomes, not the first failure (#21 item 7) — keeping the
+ * lease (a timeout is a failure to decide). "passed" when none failed again;
+ * "lost" when the batch stopped being this runner's to run; else why it pauses.
+ */
+export async function awaitSample(
+  ops: Pick<DeadLetterOperations, "db" | "clock" | "metrics">,
+  policy: Pick<BatchPolicy, "sampleTimeoutMs" | "pollIntervalMs">,
+  id: string,
+  stillMine: () => Promise<boolean>,
+  signal: AbortSignal | undefined,
+): Promise<string> {
+  const deadline = ops.clock.now() + policy.sampleTimeoutMs;
+  for (;;) {
+    if (!(await stillMine())) return "lost";
+    const resolved = await resolveReplayed(ops.db, id, new Date(ops.clock.now()));
+    if (resolved.failedAgain > 0) ops.metrics.failedAgain(resolved.failedAgain);
+    const stats = await sampleStats(ops.db, id);
+    if (stats.unresolved === 0) {
+      return stats.failedAgain > 0
+        ? `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`
+        : "passed";
+    }
+    if (signal?.aborted) return "interrupted while waiting for the sample";
+    if (ops.clock.now() >= deadline) {
+      const failed = stats.failedAgain > 0 ? `, ${stats.failedAgain} failed again` : "";
+      return `sample: ${stats.unresolved} of ${stats.replayed} sample jobs did not resolve within ${policy.sampleTimeoutMs} ms${failed}`;
+    }
+    await sleep(policy.pollIntervalMs, signal);
+  }
+}
+
+/**
+ * After a passing sample, with letters left to replay: shows `confirm` the
+ * sample's outcomes beside the selection's error classes. Undefined to go
+ * on (no `confirm`, nothing left, or a yes); else the pause's reason — a
+ * `sample:` reason, so resuming the batch accepts the sample.
+ */
+export async function reviewSample(
+  db: Db,
+  id: string,
+  confirm: ((report: SampleReport) => Promise<boolean>) | undefined,
+): Promise<string | undefined> {
+  if (!confirm) return undefined;
+  const report = await sampleReport(db, id);
+  if (report.remaining === 0) return undefined;
+  const go = await confirm(report).catch(() => false);
+  if (go) return undefined;
+  return `sample: ${report.items.length} of ${report.items.length} sample jobs resolved without failing again; reviewed, not continued: resume the batch to replay the other ${report.remaining}`;
 }

@@ -132,6 +132,32 @@ export interface RunOptions {
   readonly maxDurationMs?: number;
   /** Aborting pauses the batch (e.g. Ctrl-C in the CLI). */
   readonly signal?: AbortSignal;
+  /**
+   * Asked once the sample passed, with its outcomes beside the selection's
+   * error classes, when letters are left: false (or a throw) pauses the
+   * batch for review (resuming it accepts the sample). @default go on
+   */
+  readonly confirmSample?: (report: SampleReport) => Promise<boolean>;
+}
+
+/** A batch's sample, job by job, beside what its whole selection failed with (#21 item 7). */
+export interface SampleReport {
+  readonly batchId: string;
+  readonly items: readonly {
+    readonly deadLetterId: string;
+    /** Why the letter was dead-lettered. */
+    readonly errorClass: string;
+    readonly lastError: string;
+    /** What the replay did: succeeded, duplicate (already done), failed_again. */
+    readonly outcome: string;
+    /** For a replay that failed again: its new letter's class and error. */
+    readonly newErrorClass: string | null;
+    readonly newError: string | null;
+  }[];
+  /** The whole selection's letters by error class. */
+  readonly selection: Readonly<Record<string, number>>;
+  /** Letters left to replay after the sample. */
+  readonly remaining: number;
 }
 
 /** The filter as stored: dates as ISO strings. */

@@ -8,7 +8,7 @@
 import { sql } from "drizzle-orm";
 import type { ReplayBatchRow } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
-import type { BatchView } from "./batch-input.ts";
+import type { BatchView, SampleReport } from "./batch-input.ts";
 import { rowsOf } from "./ops-helpers.ts";
 
 type Db = Pick<AnyPgDatabase, "execute">;
@@ -131,5 +131,52 @@ export function viewOf(batch: ReplayBatchRow, live: Awaited<ReturnType<typeof un
       recovered && batch.startedAt && resolvedAt
         ? Math.max(0, new Date(resolvedAt).getTime() - batch.startedAt.getTime())
         : null,
+  };
+}
+
+/** The sample's replays, job by job, beside the selection's error classes (#21 item 7); bounded by the sample's size. */
+export async function sampleReport(db: Db, id: string): Promise<SampleReport> {
+  const items = rowsOf<{
+    id: string;
+    error_class: string;
+    last_error: string;
+    resolution: string | null;
+    new_class: string | null;
+    new_error: string | null;
+  }>(
+    await db.execute(sql`
+      select i.dead_letter_id::text as id, d.error_class, left(d.last_error, 200) as last_error, i.resolution,
+             n.error_class as new_class, left(n.last_error, 200) as new_error
+      from core.replay_batch_items i
+      join core.dead_letters d on d.id = i.dead_letter_id
+      left join lateral (select n.error_class, n.last_error from core.dead_letters n
+                         where n.job_id = d.job_id and n.consumer = d.consumer and n.id <> d.id
+                           and n.created_at >= d.status_changed_at
+                         order by n.created_at limit 1) n on i.resolution = 'failed_again'
+      where i.batch_id = ${id} and i.in_sample and i.state = 'replayed'
+      order by i.position`),
+  );
+  const classes = rowsOf<{ error_class: string; n: number }>(
+    await db.execute(sql`
+      select d.error_class, count(*)::int as n from core.replay_batch_items i
+      join core.dead_letters d on d.id = i.dead_letter_id
+      where i.batch_id = ${id} group by d.error_class order by d.error_class`),
+  );
+  const [left] = rowsOf<{ n: number }>(
+    await db.execute(sql`
+      select count(*)::int as n from core.replay_batch_items where batch_id = ${id} and state = 'pending'`),
+  );
+  return {
+    batchId: id,
+    items: items.map((r) => ({
+      deadLetterId: r.id,
+      errorClass: r.error_class,
+      lastError: r.last_error,
+      outcome: r.resolution ?? "unresolved",
+      newErrorClass: r.new_class,
+      newError: r.new_error,
+    })),
+    selection: Object.fromEntries(classes.map((c) => [c.error_class, c.n])),
+    remaining: left?.n ?? 0,
   };
 }

@@ -28,7 +28,7 @@ import {
 } from "../db/schema.ts";
 import { describeError, OpsError } from "../errors.ts";
 import { sleep } from "../timers.ts";
-import { stopBetweenChunks, strainBaseline, versionMoved } from "./batch-guards.ts";
+import { awaitSample, reviewSample, stopBetweenChunks, strainBaseline, versionMoved } from "./batch-guards.ts";
 import {
   type BatchAction,
   type BatchPolicy,
@@ -41,7 +41,7 @@ import {
   MAX_BATCH_LETTERS,
   type RunOptions,
 } from "./batch-input.ts";
-import { recordItem, resolveReplayed, sampleStats, unresolvedNow, viewOf } from "./batch-resolution.ts";
+import { recordItem, resolveReplayed, unresolvedNow, viewOf } from "./batch-resolution.ts";
 import { type DeadLetterFilter, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import { type BatchHalt, type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
 import { batchConsumers, liveRatePerSecond, pacedRate } from "./pacing.ts";
@@ -526,10 +526,16 @@ export class ReplayBatches {
           continue;
         }
         if (inSample && items.length === 0) {
-          const verdict = await this.#awaitSample(id, stillMine, options.signal);
+          const verdict = await awaitSample(this.#ops, this.#policy, id, stillMine, options.signal);
           if (verdict === "lost") continue; // paused, stopped, expired or taken over: the top of the loop says which
           if (verdict !== "passed") {
             await pauseIfRunning(verdict, verdict.startsWith("sample:") ? "sample" : "interrupted");
+            return this.get(id);
+          }
+          // Its outcomes beside the selection's classes, for a person to say go on (#21 item 7).
+          const review = await reviewSample(this.#db, id, options.confirmSample);
+          if (review) {
+            await pauseIfRunning(review, "sample_review");
             return this.get(id);
           }
           await this.#set(id, "sample_passed", { operator, runner });
@@ -601,29 +607,6 @@ export class ReplayBatches {
     }
   }
 
-  /**
-   * Waits until every sample job succeeded or one failed again (a timeout is a
-   * failure to decide), keeping the lease; "lost" when the batch stopped being
-   * this runner's to run.
-   */
-  async #awaitSample(id: string, stillMine: () => Promise<boolean>, signal: AbortSignal | undefined): Promise<string> {
-    const clock = this.#ops.clock;
-    const deadline = clock.now() + this.#policy.sampleTimeoutMs;
-    for (;;) {
-      if (!(await stillMine())) return "lost";
-      const resolved = await resolveReplayed(this.#db, id, this.#now());
-      if (resolved.failedAgain > 0) this.#ops.metrics.failedAgain(resolved.failedAgain);
-      const stats = await sampleStats(this.#db, id);
-      if (stats.failedAgain > 0) return `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`;
-      if (stats.unresolved === 0) return "passed";
-      if (signal?.aborted) return "interrupted while waiting for the sample";
-      if (clock.now() >= deadline) {
-        return `sample: ${stats.unresolved} of ${stats.replayed} sample jobs did not resolve within ${this.#policy.sampleTimeoutMs} ms`;
-      }
-      await sleep(this.#policy.pollIntervalMs, signal);
-    }
-  }
-
   async #load(id: string): Promise<ReplayBatchRow> {
     const batchId = parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
     const [batch] = await this.#db.select().from(replayBatches).where(eq(replayBatches.id, batchId));
@@ -682,7 +665,14 @@ export class ReplayBatches {
 }
 
 // Moved by role (batch-input.ts, batch-resolution.ts); exported from here unchanged.
-export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batch-input.ts";
+export type {
+  BatchPolicy,
+  BatchProgress,
+  BatchView,
+  CreateBatchInput,
+  RunOptions,
+  SampleReport,
+} from "./batch-input.ts";
 export {
   DEFAULT_BATCH_POLICY,
   DEFAULT_MAX_DUPLICATE_RATE,

@@ -5,7 +5,7 @@ import { DeadLetterOperations, type OpsDeps } from "./operations.ts";
 
 export type { Authorizer, JwtAuthorizerOptions, Principal } from "./auth.ts";
 export { APPROVER_ROLE, jwtAuthorizer, OPERATOR_ROLE } from "./auth.ts";
-export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions } from "./batches.ts";
+export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions, SampleReport } from "./batches.ts";
 export { DEFAULT_BATCH_POLICY, RESOLVE_PAGE, ReplayBatches } from "./batches.ts";
 export type { CachedDepthOptions, DepthRow } from "./depth.ts";
 export { cachedDepth } from "./depth.ts";
