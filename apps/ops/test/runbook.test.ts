@@ -353,3 +353,101 @@ describe("the shipped roles (#21 item 3)", () => {
     expect(await snapshot()).toEqual(before);
   });
 });
+
+describe("the runbook's flow end to end, under the shipped roles (#21)", () => {
+  test("find → understand → sample → approve → batch paced by live traffic → recovery report → discard with a reason", async () => {
+    const env = { DATABASE_URL: urlAs(ANA), SOFTCRUM_OPS_APPROVAL_THRESHOLD: "0", COLUMNS: "160" };
+    const approver = { ...env, DATABASE_URL: urlAs(BO) };
+    const json = async (args: string[], as: Record<string, string> = env) => {
+      const result = await run([...args, "--json"], as);
+      expect(result.code, `${args.join(" ")}: ${result.stderr}`).toBe(0);
+      return JSON.parse(result.stdout);
+    };
+    // An outage's letters: four credits of tenant "outage" the partner refused, each a valid job.
+    const [template] = await pg.sql<{ payload: string }[]>`
+      select payload from core.dead_letters where queue = 'loyalty.points' and error_class = 'permanent' limit 1`;
+    for (let i = 0; i < 4; i++) {
+      await pg.sql`
+        with job as (select (lpad(to_hex((extract(epoch from now()) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid as id)
+        insert into core.dead_letters (id, job_id, tenant_id, queue, consumer, payload, attempts, last_error, error_class)
+        select gen_random_uuid(), job.id::text, 'outage', 'loyalty.points', 'loyalty.award-points',
+               jsonb_set(jsonb_set(${template?.payload as string}::jsonb, '{job_id}', to_jsonb(job.id::text)),
+                         '{tenant_id}', '"outage"')::text,
+               5, 'partner statement service down', 'exhausted'
+        from job`;
+    }
+
+    // 1. Find: the tenant's pending letters, and how many.
+    const found = (await json(["dlq", "list", "--tenant", "outage"])).items as { id: string; errorClass: string }[];
+    expect(found.map((l) => l.errorClass)).toEqual(["exhausted", "exhausted", "exhausted", "exhausted"]);
+    expect(await json(["dlq", "count", "--tenant", "outage"])).toMatchObject({ count: 4 });
+    // 2. Understand one: its evidence and its history.
+    const shown = await run(["dlq", "show", found[0]?.id as string], env);
+    expect(shown.stdout).toMatch(/partner statement service down/);
+    // 3–4. A sampled batch paced at a share of live traffic; another person approves it.
+    const made = await json([
+      "batch",
+      "create",
+      "--tenant",
+      "outage",
+      "--reason",
+      "partner back",
+      "--rate",
+      "10%",
+      "--rate-floor",
+      "20",
+      "--rate-ceiling",
+      "50",
+      "--sample",
+      "1",
+    ]);
+    expect(made).toMatchObject({
+      status: "awaiting_approval",
+      selected: 4,
+      rateShare: 0.1,
+      rateFloor: 20,
+      sampleSize: 1,
+    });
+    // Not by its requester (who is no approver either: refused before the database is asked).
+    const own = await run(["batch", "approve", made.id], env);
+    expect(own.code).toBe(1);
+    expect(own.stderr).toMatch(/is not a member of softcrum_ops_approver/);
+    expect(await json(["batch", "approve", made.id], approver)).toMatchObject({ status: "ready", approvedBy: BO });
+    // The sample: its one outcome beside the selection's classes, then a pause for review (no terminal here).
+    const sampled = await run(["batch", "run", made.id], env);
+    expect(sampled.code).toBe(5);
+    expect(sampled.stdout).toMatch(/exhausted\s+succeeded\s+partner statement service down/);
+    expect(sampled.stdout).toMatch(/selection by error class: exhausted 4; 3 letters left after the sample/);
+    await json(["batch", "resume", made.id, "--reason", "sample went through"]);
+    // 5. The rest, paced: the runner reports its pace, at its floor with no live traffic here.
+    const ran = await run(["batch", "run", made.id, "--json"], env);
+    expect(ran.code, ran.stderr).toBe(0);
+    const result = JSON.parse(ran.stdout.trim().split("\n").at(-1) as string);
+    expect(result).toMatchObject({ event: "result", batch: { status: "completed", replayed: 4, skipped: 0 } });
+    // 6. The recovery report: every replayed job resolved, with the time it took.
+    const report = await run(["batch", "show", made.id], env);
+    expect(report.stdout).toMatch(/recovery\s+done: 4 succeeded, 0 already done, 0 failed again in \S+/);
+    expect(await json(["batch", "show", made.id])).toMatchObject({ recovered: true, succeeded: 4, failedAgain: 0 });
+    // 7. A letter that can never succeed is discarded, with its reason, by the login that did it.
+    const [poison] = await pg.sql<{ id: string }[]>`
+      select id from core.dead_letters where status = 'pending_review' and error_class = 'poison' limit 1`;
+    const discarded = await json(["dlq", "discard", poison?.id as string, "--reason", "producer bug fixed in 4.2.1"]);
+    expect(discarded.counts).toEqual({ discarded: 1 });
+    const [row] = await pg.sql<{ status_changed_by: string; status_reason: string }[]>`
+      select status_changed_by, status_reason from core.dead_letters where id = ${poison?.id as string}`;
+    expect(row).toEqual({ status_changed_by: ANA, status_reason: "producer bug fixed in 4.2.1" });
+    // Every step is in the audit, under the login that took it.
+    const audit = await pg.sql<{ operator: string; action: string; result: string }[]>`
+      select operator, action, result from core.ops_audit
+      where scope ->> 'batchId' = ${made.id} or scope -> 'ids' ? ${poison?.id as string} order by at, id`;
+    expect(audit.map((a) => `${a.operator} ${a.action} ${a.result}`)).toEqual([
+      `${ANA} batch.create ok`,
+      `${BO} batch.approve ok`,
+      `${ANA} batch.run ok`,
+      `${ANA} batch.pause ok`,
+      `${ANA} batch.resume ok`,
+      `${ANA} batch.run ok`,
+      `${ANA} dead_letter.discard ok`,
+    ]);
+  });
+});
