@@ -19,7 +19,7 @@ import { deadLetters, opsAudit } from "../db/schema.ts";
 import { createEnvelope } from "../envelope.ts";
 import { isSoftcrumError } from "../errors.ts";
 import { sleep } from "../timers.ts";
-import { createOps, type Ops } from "./index.ts";
+import { type BatchRecoveryReport, createOps, type Ops } from "./index.ts";
 import { liveRatePerSecond, pacedRate } from "./pacing.ts";
 import { type StrainRecorder, strainRecorder } from "./strain.ts";
 
@@ -526,5 +526,34 @@ describe("a batch's lease runs on the database's clock (#21 item 10)", () => {
     expect(refused?.code).toBe("CONFLICT");
     expect(refused?.message).toMatch(/being run by another runner \(ana@/);
     expect(await first).toMatchObject({ status: "completed", replayed: 3, skipped: 0 });
+  });
+});
+
+describe("the recovery report is a metric per batch (#21 item 7)", () => {
+  test("each run reports what the batch replayed and what became of it", async () => {
+    await pendingLetters(3);
+    const reports: BatchRecoveryReport[] = [];
+    const reporting = createOps({
+      db: pg.db,
+      queue,
+      metrics: { replayed() {}, failedAgain() {}, batchRecovery: (r) => reports.push(r) },
+      batchPolicy: { approvalThreshold: 100 },
+    });
+    const batch = await reporting.batches.create({ operator: "ana", reason: "x", ratePerSecond: 100 });
+    const done = await reporting.batches.run(batch.id, { operator: "ana" });
+    expect(done.recovered).toBe(true);
+    expect(reports).toEqual([
+      {
+        batchId: batch.id,
+        status: "completed",
+        replayed: 3,
+        succeeded: 3,
+        failedAgain: 0,
+        inFlight: 0,
+        duplicates: 0,
+        timeToRecoveryMs: done.timeToRecoveryMs,
+      },
+    ]);
+    expect(reports[0]?.timeToRecoveryMs).toEqual(expect.any(Number));
   });
 });

@@ -10,6 +10,7 @@ import type { ReplayBatchRow } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
 import type { BatchView, SampleReport } from "./batch-input.ts";
 import { rowsOf } from "./ops-helpers.ts";
+import type { BatchRecoveryReport } from "./ops-types.ts";
 
 type Db = Pick<AnyPgDatabase, "execute">;
 
@@ -178,5 +179,19 @@ export async function sampleReport(db: Db, id: string): Promise<SampleReport> {
     })),
     selection: Object.fromEntries(classes.map((c) => [c.error_class, c.n])),
     remaining: left?.n ?? 0,
+  };
+}
+
+/** A batch's view as the recovery report its metric carries. */
+export function recoveryOf(batch: BatchView): BatchRecoveryReport {
+  return {
+    batchId: batch.id,
+    status: batch.status,
+    replayed: batch.replayed,
+    succeeded: batch.succeeded,
+    failedAgain: batch.failedAgain,
+    inFlight: batch.unresolved,
+    duplicates: batch.duplicates,
+    timeToRecoveryMs: batch.timeToRecoveryMs,
   };
 }

@@ -41,7 +41,7 @@ import {
   MAX_BATCH_LETTERS,
   type RunOptions,
 } from "./batch-input.ts";
-import { recordItem, resolveReplayed, unresolvedNow, viewOf } from "./batch-resolution.ts";
+import { recordItem, recoveryOf, resolveReplayed, unresolvedNow, viewOf } from "./batch-resolution.ts";
 import { type DeadLetterFilter, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import { type BatchHalt, type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
 import { batchConsumers, liveRatePerSecond, pacedRate } from "./pacing.ts";
@@ -604,6 +604,9 @@ export class ReplayBatches {
       await beat;
       await this.#set(id, "release", { operator, runner });
       await progress().catch(() => {});
+      // The recovery report as a metric (#21 item 7); a failed read reports nothing.
+      const report = this.#ops.metrics.batchRecovery ? await this.get(id).catch(() => undefined) : undefined;
+      if (report) this.#ops.metrics.batchRecovery?.(recoveryOf(report));
     }
   }
 

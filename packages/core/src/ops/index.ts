@@ -17,6 +17,7 @@ export type {
   ActionOutcome,
   ActionReport,
   AuditEntry,
+  BatchRecoveryReport,
   DeadLetterDetail,
   DeadLetterSummary,
   HistoryPageRequest,

@@ -597,6 +597,7 @@ export type {
   ActionOutcome,
   ActionReport,
   AuditEntry,
+  BatchRecoveryReport,
   DeadLetterDetail,
   DeadLetterSummary,
   OpsDeps,

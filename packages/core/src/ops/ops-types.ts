@@ -16,6 +16,26 @@ export interface OpsMetricsPort {
   replayed(attributes: { readonly queue: string; readonly consumer: string }): void;
   /** Jobs replayed by a batch that failed again, as the batch runner finds them. */
   failedAgain(count: number): void;
+  /**
+   * A batch's recovery report, after each run of it (#21 item 7): what it
+   * replayed and what became of those jobs. Optional: ports written before
+   * it report nothing.
+   */
+  batchRecovery?(report: BatchRecoveryReport): void;
+}
+
+/** What a batch replayed and what became of it, when a run of it ends. */
+export interface BatchRecoveryReport {
+  readonly batchId: string;
+  readonly status: string;
+  readonly replayed: number;
+  readonly succeeded: number;
+  readonly failedAgain: number;
+  /** Replayed jobs not resolved yet (still being retried, or in the transport). */
+  readonly inFlight: number;
+  readonly duplicates: number;
+  /** From its start until its last replayed job resolved; null until it recovered. */
+  readonly timeToRecoveryMs: number | null;
 }
 export const noopOpsMetrics: OpsMetricsPort = { replayed() {}, failedAgain() {} };
 

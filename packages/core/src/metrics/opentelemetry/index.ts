@@ -66,6 +66,15 @@ export function createOtelMetrics(options: OtelMetricsOptions = {}): OtelMetrics
     description: "Replayed jobs that failed again",
     unit: "{job}",
   });
+  const batchJobs = meter.createGauge("softcrum.replay_batch.jobs", {
+    description:
+      "A replay batch's jobs when a run of it ends, by state: replayed, succeeded, failed_again, in_flight, duplicates",
+    unit: "{job}",
+  });
+  const batchRecovery = meter.createGauge("softcrum.replay_batch.time_to_recovery", {
+    description: "From a replay batch's start until its last replayed job resolved",
+    unit: "s",
+  });
   const depth = meter.createObservableGauge("softcrum.dead_letter.depth", {
     description: "Dead letters pending review",
     unit: "{letter}",
@@ -123,6 +132,19 @@ export function createOtelMetrics(options: OtelMetricsOptions = {}): OtelMetrics
     },
     failedAgain(count) {
       failedAgain.add(count, { "messaging.system": SYSTEM });
+    },
+    batchRecovery(report) {
+      const batch = { "messaging.system": SYSTEM, "softcrum.replay_batch.id": report.batchId };
+      for (const [state, n] of [
+        ["replayed", report.replayed],
+        ["succeeded", report.succeeded],
+        ["failed_again", report.failedAgain],
+        ["in_flight", report.inFlight],
+        ["duplicates", report.duplicates],
+      ] as const) {
+        batchJobs.record(n, { ...batch, "softcrum.replay_batch.state": state });
+      }
+      if (report.timeToRecoveryMs !== null) batchRecovery.record(report.timeToRecoveryMs / 1000, batch);
     },
     close() {
       if (observe) meter.removeBatchObservableCallback(observe, [depth, oldest]);

@@ -138,6 +138,30 @@ describe("OpenTelemetry metrics", () => {
     expect((await points("softcrum.alert.failed")).map(([, v]) => v)).toEqual([1]);
   });
 
+  test("a replay batch's recovery report: its jobs by state and its time to recovery (#21 item 7)", async () => {
+    const metrics = createOtelMetrics({ meter: provider.getMeter("test") });
+    metrics.batchRecovery({
+      batchId: "b-1",
+      status: "completed",
+      replayed: 5,
+      succeeded: 3,
+      failedAgain: 1,
+      inFlight: 0,
+      duplicates: 1,
+      timeToRecoveryMs: 90_000,
+    });
+    const jobs = await points("softcrum.replay_batch.jobs");
+    expect(Object.fromEntries(jobs.map(([a, v]) => [a["softcrum.replay_batch.state"], v]))).toEqual({
+      replayed: 5,
+      succeeded: 3,
+      failed_again: 1,
+      in_flight: 0,
+      duplicates: 1,
+    });
+    expect(jobs.every(([a]) => a["softcrum.replay_batch.id"] === "b-1")).toBe(true);
+    expect((await points("softcrum.replay_batch.time_to_recovery")).map(([, v]) => v)).toEqual([90]);
+  });
+
   test("transport incidents are counted by kind (#11 item 5)", async () => {
     const metrics = createOtelMetrics({ meter: provider.getMeter("test") });
     metrics.transportIncident({ queue: "q", consumer: "c", kind: "ack_failed" });
