@@ -213,6 +213,12 @@ describe("operations over HTTP", () => {
       { n: number }[]
     >`select count(*)::int as n from test_effects where job_id = ${a.envelope.job_id}`;
     expect(effect?.n).toBe(1);
+    // Its replay ran: replaying it again is refused, by outcome, not by status code.
+    const again = await call("POST", "/dead-letters/replay-again", {
+      token: t,
+      body: { ids: [a.id], reason: "again" },
+    });
+    expect(again).toMatchObject({ status: 200, body: { counts: { not_pending: 1 } } });
 
     const discard = await call("POST", "/dead-letters/discard", {
       token: t,
@@ -227,6 +233,7 @@ describe("operations over HTTP", () => {
       select operator, action, result from core.ops_audit order by at`;
     expect(audit).toEqual([
       { operator: "ana", action: "dead_letter.replay", result: "ok" },
+      { operator: "ana", action: "dead_letter.replay_again", result: "refused" },
       { operator: "ana", action: "dead_letter.discard", result: "ok" },
     ]);
   });

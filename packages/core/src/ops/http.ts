@@ -18,6 +18,7 @@
  *   GET  /dead-letters/:id/history?limit=&cursor=
  *   POST /dead-letters/discard   { ids, reason }
  *   POST /dead-letters/replay    { ids, reason }
+ *   POST /dead-letters/replay-again { ids, reason }  (replayed letters whose replay never ran)
  *   GET  /batches?status=&limit=&cursor=   a page (limit ≤ 500, default 50) and its nextCursor
  *   POST /batches                { filter, reason, ratePerSecond, batchSize?, sampleSize?, maxFailureRate?, limit?, expiresAt? | expiresInMinutes? }
  *   GET  /batches/:id
@@ -165,6 +166,16 @@ export function createOpsHandler(options: OpsHandlerOptions): (request: Request)
       run: async ({ principal, body }) => {
         const { ids, reason } = parseInput(idsBody, await body(), "body");
         return ops.deadLetters.replay(ids, { operator: principal.operator, reason });
+      },
+    },
+    {
+      method: "POST",
+      pattern: /^\/dead-letters\/replay-again$/,
+      action: "dead_letter.replay_again",
+      mutating: true,
+      run: async ({ principal, body }) => {
+        const { ids, reason } = parseInput(idsBody, await body(), "body");
+        return ops.deadLetters.replayAgain(ids, { operator: principal.operator, reason });
       },
     },
     {
