@@ -19,7 +19,7 @@ import { deadLetters, opsAudit } from "../db/schema.ts";
 import { createEnvelope } from "../envelope.ts";
 import { isSoftcrumError } from "../errors.ts";
 import { sleep } from "../timers.ts";
-import { type BatchRecoveryReport, createOps, type Ops } from "./index.ts";
+import { type BatchRecoveryReport, createOps, type Ops, type SampleReport } from "./index.ts";
 import { liveRatePerSecond, pacedRate } from "./pacing.ts";
 import { type StrainRecorder, strainRecorder } from "./strain.ts";
 
@@ -555,5 +555,41 @@ describe("the recovery report is a metric per batch (#21 item 7)", () => {
       },
     ]);
     expect(reports[0]?.timeToRecoveryMs).toEqual(expect.any(Number));
+  });
+});
+
+describe("the sample step (#21 item 7)", () => {
+  test("the sample's outcomes are shown beside the selection's classes before it goes on; a no pauses it, resuming accepts the sample (#21 item 7)", async () => {
+    await pendingLetters(5);
+    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 200, sampleSize: 2 });
+    const reports: SampleReport[] = [];
+    const paused = await ops.batches.run(batch.id, {
+      operator: "ana",
+      confirmSample: async (report) => {
+        reports.push(report);
+        return false;
+      },
+    });
+    expect(paused).toMatchObject({ status: "paused", replayed: 2, pending: 3 });
+    expect(paused.stopReason).toMatch(
+      /^sample: 2 of 2 sample jobs resolved without failing again; reviewed, not continued/,
+    );
+    expect(reports).toHaveLength(1);
+    expect(reports[0]).toMatchObject({ batchId: batch.id, selection: { exhausted: 5 }, remaining: 3 });
+    expect(reports[0]?.items.map((i) => [i.errorClass, i.outcome])).toEqual([
+      ["exhausted", "succeeded"],
+      ["exhausted", "succeeded"],
+    ]);
+    // Resuming is the decision to go on: the sample is not asked about again.
+    await ops.batches.resume(batch.id, { operator: "ana", reason: "sample reviewed" });
+    const done = await ops.batches.run(batch.id, {
+      operator: "ana",
+      confirmSample: async (report) => {
+        reports.push(report);
+        return false;
+      },
+    });
+    expect(done).toMatchObject({ status: "completed", replayed: 5 });
+    expect(reports).toHaveLength(1);
   });
 });

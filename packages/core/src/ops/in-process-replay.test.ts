@@ -99,6 +99,14 @@ const lettersOf = async (jobId: string) =>
   await pg.sql<{ status: string; error_class: string }[]>`
     select status, error_class from core.dead_letters where job_id = ${jobId} order by created_at`;
 
+/** A pending letter of the consumer for `envelope`; its id. */
+async function pendingLetter(envelope: Envelope): Promise<string> {
+  const id = uuidv7();
+  await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+    values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+  return id;
+}
+
 async function failure(promise: Promise<unknown>): Promise<ReplayNotAppliedError> {
   const error = await promise.then(
     () => undefined,
@@ -214,9 +222,7 @@ describe("an in-process replay is stored only once its consumer's outcome is dur
   test("the ordinary replay publish is unchanged: a normal in-process replay through the operations ends replayed, its effect applied once", async () => {
     start("owner");
     const envelope: Envelope = award("ops-fine", 4);
-    const id = uuidv7();
-    await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
-      values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+    const id = await pendingLetter(envelope);
     const ops = createOps({ db: pg.db, replay: inProcessReplay(queue) });
     const report = await ops.deadLetters.replay([id], { operator: "ana", reason: "fixed" });
     expect(report.results).toEqual([{ id, outcome: "replayed" }]);
@@ -242,9 +248,7 @@ describe("an in-process replay is stored only once its consumer's outcome is dur
   test("through the operations, a consumer that cannot write its fence nor a letter leaves the letter pending_review, the report names the permission in one line, close returns", async () => {
     start("restricted");
     const envelope: Envelope = award("ops-no-grant", 4);
-    const id = uuidv7();
-    await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
-      values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+    const id = await pendingLetter(envelope);
     const ops = createOps({ db: pg.db, replay: inProcessReplay(queue) });
     const report = await ops.deadLetters.replay([id], { operator: "ana", reason: "fixed" });
     expect(report.results).toEqual([
@@ -258,21 +262,6 @@ describe("an in-process replay is stored only once its consumer's outcome is dur
     expect(await effectsOf(envelope.job_id)).toBe(0);
   });
 
-  test("through the operations, a normal in-process replay ends replayed, applied once when it answers", async () => {
-    start("owner");
-    const envelope: Envelope = award("ops-fine-2", 4);
-    const id = uuidv7();
-    await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
-      values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
-    const ops = createOps({ db: pg.db, replay: inProcessReplay(queue) });
-    const report = await ops.deadLetters.replay([id], { operator: "ana", reason: "fixed" });
-    expect(report.results).toEqual([{ id, outcome: "replayed" }]);
-    expect(await effectsOf(envelope.job_id)).toBe(1);
-    expect(await lettersOf(envelope.job_id)).toEqual([{ status: "replayed", error_class: "exhausted" }]);
-    await queue.drain();
-    expect(await effectsOf(envelope.job_id)).toBe(1);
-  });
-
   test("a delivery still running when the wait ends and committing after it: the unclaim waits for its fence, and the letter stays replayed", async () => {
     start("owner");
     const envelope: Envelope = award("ops-slow", 4);
@@ -283,9 +272,7 @@ describe("an in-process replay is stored only once its consumer's outcome is dur
         release = r;
       }),
     );
-    const id = uuidv7();
-    await pg.sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
-      values (${id}, ${envelope.job_id}, ${QUEUE}, ${CONSUMER}, ${JSON.stringify(envelope)}, 5, 'e', 'exhausted')`;
+    const id = await pendingLetter(envelope);
     const ops = createOps({ db: pg.db, replay: inProcessReplay(queue, { timeoutMs: 300 }) });
     const replaying = ops.deadLetters.replay([id], { operator: "ana", reason: "fixed" });
     // The handler is running (its fence inserted, uncommitted) when the wait ends: the unclaim waits for it.

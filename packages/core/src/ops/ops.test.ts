@@ -9,7 +9,7 @@ import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { deadLetters, opsAudit, replayBatches } from "../db/schema.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
 import { isSoftcrumError, PermanentError } from "../errors.ts";
-import { createOps, inProcessReplay, type Ops, type ReplayTransport, type SampleReport } from "./index.ts";
+import { createOps, inProcessReplay, type Ops, type ReplayTransport } from "./index.ts";
 
 const pg = useTestDatabase("ops");
 
@@ -425,42 +425,6 @@ describe("replay batches", () => {
     const done = await ops.batches.run(batch.id, { operator: "ana" });
     expect(done).toMatchObject({ status: "completed", replayed: 5 });
     expect(done.samplePassedAt).toBeInstanceOf(Date);
-  });
-
-  test("the sample's outcomes are shown beside the selection's classes before it goes on; a no pauses it, resuming accepts the sample (#21 item 7)", async () => {
-    const envelopes = Array.from({ length: 5 }, (_, i) => award(`s-review-${i}`));
-    await makeDeadLetters(envelopes);
-    broken.clear();
-    const batch = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 200, sampleSize: 2 });
-    const reports: SampleReport[] = [];
-    const paused = await ops.batches.run(batch.id, {
-      operator: "ana",
-      confirmSample: async (report) => {
-        reports.push(report);
-        return false;
-      },
-    });
-    expect(paused).toMatchObject({ status: "paused", replayed: 2, pending: 3 });
-    expect(paused.stopReason).toMatch(
-      /^sample: 2 of 2 sample jobs resolved without failing again; reviewed, not continued/,
-    );
-    expect(reports).toHaveLength(1);
-    expect(reports[0]).toMatchObject({ batchId: batch.id, selection: { permanent: 5 }, remaining: 3 });
-    expect(reports[0]?.items.map((i) => [i.errorClass, i.outcome])).toEqual([
-      ["permanent", "succeeded"],
-      ["permanent", "succeeded"],
-    ]);
-    // Resuming is the decision to go on: the sample is not asked about again.
-    await ops.batches.resume(batch.id, { operator: "ana", reason: "sample reviewed" });
-    const done = await ops.batches.run(batch.id, {
-      operator: "ana",
-      confirmSample: async (report) => {
-        reports.push(report);
-        return false;
-      },
-    });
-    expect(done).toMatchObject({ status: "completed", replayed: 5 });
-    expect(reports).toHaveLength(1);
   });
 
   test("a sample whose jobs fail again pauses the batch before the rest is replayed", async () => {

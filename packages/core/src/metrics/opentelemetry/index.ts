@@ -7,7 +7,7 @@
  * `softcrum.*`. The README lists every instrument.
  */
 import { type Attributes, type Meter, metrics } from "@opentelemetry/api";
-import type { OpsMetricsPort } from "../../ops/operations.ts";
+import type { BatchRecoveryReport, OpsMetricsPort } from "../../ops/operations.ts";
 import type { JobMetricAttributes, MetricsPort } from "../../ports/metrics.ts";
 
 export interface OtelMetricsOptions {
@@ -25,6 +25,8 @@ export interface OtelMetricsOptions {
 export interface OtelMetrics extends MetricsPort, OpsMetricsPort {
   /** Counted as `softcrum.transport.incident`, by kind. */
   transportIncident(attributes: { readonly queue: string; readonly consumer: string; readonly kind: string }): void;
+  /** Recorded as `softcrum.replay_batch.jobs` by state and `softcrum.replay_batch.time_to_recovery`. */
+  batchRecovery(report: BatchRecoveryReport): void;
   /** Stops observing dead-letter depth. */
   close(): void;
 }
