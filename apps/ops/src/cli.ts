@@ -47,7 +47,7 @@ import {
   type ShippedRole,
 } from "./database.ts";
 import { duration, humanMs, json, nameFlags, table } from "./format.ts";
-import { EXIT, out, printLetter, printReport, view, withAge } from "./output.ts";
+import { EXIT, out, printLetter, printReport, replayOutcomeLine, view, withAge } from "./output.ts";
 
 // Moved by role (output.ts); exported from here unchanged.
 export { EXIT };
@@ -339,7 +339,11 @@ export function buildProgram(): Command {
             : verb === "replay-again"
               ? ops.deadLetters.replayAgain(ids, input)
               : ops.deadLetters.discard(ids, input);
-        printReport(await act, o);
+        const report = await act;
+        printReport(report, o);
+        // Whether the replayed jobs then ran (#21 item 9): known at once in-process, later on a hosted queue.
+        const replayed = report.results.filter((r) => r.outcome === "replayed").map((r) => r.id);
+        if (!o.json && replayed.length > 0) out(replayOutcomeLine(await ops.deadLetters.replayOutcomes(replayed)));
       }),
     );
   }

@@ -94,3 +94,14 @@ function indent(text: string): string {
     .map((line) => `  ${line}`)
     .join("\n");
 }
+
+/** What the replayed jobs did so far, in one line, with where to look again. */
+export function replayOutcomeLine(outcomes: readonly { id: string; outcome: string }[]): string {
+  const count = (o: string) => outcomes.filter((r) => r.outcome === o).length;
+  const notYet = outcomes.find((r) => r.outcome === "not_yet");
+  return (
+    `so far: ${count("succeeded")} succeeded, ${count("duplicate")} already done, ${count("failed_again")} failed again, ${count("not_yet")} not yet` +
+    (notYet ? ` (look again: pnpm ops dlq show ${notYet.id})` : "") +
+    (count("failed_again") > 0 ? " — see pnpm ops dlq failed-after-replay" : "")
+  );
+}

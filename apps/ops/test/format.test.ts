@@ -15,6 +15,7 @@ import {
   table,
   when,
 } from "../src/format.ts";
+import { replayOutcomeLine } from "../src/output.ts";
 
 describe("readable output (#10 item 13)", () => {
   test.each([
@@ -316,5 +317,21 @@ describe("durations and ages in human units, never milliseconds (#21 item 8)", (
       ran: "not yet",
       lease: "none",
     });
+  });
+});
+
+describe("what replayed jobs did so far (#21 item 9)", () => {
+  test("one line of counts, and where to look again", () => {
+    expect(replayOutcomeLine([{ id: "a", outcome: "succeeded" }])).toBe(
+      "so far: 1 succeeded, 0 already done, 0 failed again, 0 not yet",
+    );
+    expect(
+      replayOutcomeLine([
+        { id: "a", outcome: "not_yet" },
+        { id: "b", outcome: "failed_again" },
+      ]),
+    ).toBe(
+      "so far: 0 succeeded, 0 already done, 1 failed again, 1 not yet (look again: pnpm ops dlq show a) — see pnpm ops dlq failed-after-replay",
+    );
   });
 });

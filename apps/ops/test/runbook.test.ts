@@ -172,6 +172,10 @@ describe("runbooks/dead-letter-replay.md works verbatim on the demo data (#10 it
       const result = await run(args, stepEnv);
       expect(result.code, `${step.line}\n${result.stderr}\n${result.stdout}`).toBe(0);
       expect(result.stderr, step.line).not.toMatch(/^error:/m);
+      if (command === "dlq replay" || command === "dlq replay-again") {
+        // What the replayed job then did: in-process, known at once (#21 item 9).
+        expect(result.stdout).toMatch(/so far: 1 succeeded, 0 already done, 0 failed again, 0 not yet/);
+      }
       if (command === "batch create") {
         created = (await json(["batch", "list"])).items[0].id;
         expect(result.stdout).toMatch(/status\s+awaiting_approval/);

@@ -642,6 +642,9 @@ describe("replaying again a replay that never ran (#21 item 4)", () => {
     >`select job_id from core.dead_letters where id = ${id as string}`;
     expect(await statusOf(id as string)).toBe("replayed");
     expect(await effectsOf(letter?.job_id as string)).toBe(0);
+    expect(await ops.deadLetters.replayOutcomes([id as string, pending as string])).toEqual([
+      { id, outcome: "not_yet" }, // the pending one is no replay: left out
+    ]);
 
     const again = await ops.deadLetters.replayAgain([id as string, pending as string], {
       operator: "ana",
@@ -657,6 +660,7 @@ describe("replaying again a replay that never ran (#21 item 4)", () => {
     ]);
     await queue.drain();
     expect(await effectsOf(letter?.job_id as string)).toBe(1);
+    expect(await ops.deadLetters.replayOutcomes([id as string])).toEqual([{ id, outcome: "succeeded" }]);
 
     // It ran now: replaying it again is refused, and nothing is published.
     const twice = await ops.deadLetters.replayAgain([id as string], { operator: "ana", reason: "again?" });
