@@ -269,6 +269,9 @@ describe("the shipped roles (#21 item 3)", () => {
       approveAsBo: await refusedWith(sql`select core.ops_batch_approve(${batch}::uuid, ${BO}, null)`),
       approveOwn: await refusedWith(sql`select core.ops_batch_approve(${batch}::uuid, null, null)`),
       pruneYoung: await refusedWith(sql`select core.ops_prune_audit(now(), 1000)`),
+      // The database's own record of changes: readable, never typed, changed or deleted by a session.
+      typeChange: await refusedWith(sql`insert into core.ops_changes (login, change) values (${BO}, 'x')`),
+      dropChanges: await refusedWith(sql`delete from core.ops_changes`),
     }));
     expect(refusals.updateBatch).toMatch(/^42501: permission denied for table replay_batches/);
     expect(refusals.insertAudit).toMatch(/^42501: permission denied for table ops_audit/);
@@ -278,6 +281,8 @@ describe("the shipped roles (#21 item 3)", () => {
     expect(refusals.approveAsBo).toMatch(/^42501: permission denied for function ops_batch_approve/);
     expect(refusals.approveOwn).toMatch(/^42501: permission denied for function ops_batch_approve/);
     expect(refusals.pruneYoung).toMatch(/^42501: audit entries younger than 30 days are never deleted/);
+    expect(refusals.typeChange).toMatch(/^42501: permission denied for table ops_changes/);
+    expect(refusals.dropChanges).toMatch(/^42501: permission denied for table ops_changes/);
 
     // bo may approve, but not his own batch, and not in someone else's name.
     const own = JSON.parse(
@@ -310,6 +315,21 @@ describe("the shipped roles (#21 item 3)", () => {
     const [audit] = await pg.sql<{ operator: string }[]>`
       select operator from core.ops_audit where action = 'batch.approve' and scope ->> 'batchId' = ${batch}`;
     expect(audit?.operator).toBe(BO);
+    // A function called by hand from psql leaves no ops_audit row, but the database's own record names the login.
+    const [poison] = await pg.sql<{ id: string }[]>`
+      select id from core.dead_letters where status = 'pending_review' and error_class = 'poison' limit 1`;
+    await asRole(
+      ANA,
+      (sql) => sql`select core.ops_discard_letters(${[poison?.id as string]}::uuid[], null, 'by hand')`,
+    );
+    const changes = await pg.sql<{ login: string; actor: string | null; change: string; to_state: string }[]>`
+      select login, actor, change, to_state from core.ops_changes
+      where target in (${poison?.id as string}::uuid, ${batch}::uuid) order by id`;
+    expect(changes).toEqual([
+      { login: ANA, actor: ANA, change: "replay_batch.created", to_state: "awaiting_approval" },
+      { login: BO, actor: BO, change: "replay_batch.approved", to_state: "ready" },
+      { login: ANA, actor: ANA, change: "dead_letter.status", to_state: "discarded" },
+    ]);
     await run(["batch", "stop", batch, "--reason", "forgery check done"], env);
     await run(["batch", "stop", own, "--reason", "forgery check done"], { ...env, DATABASE_URL: urlAs(BO) });
   });

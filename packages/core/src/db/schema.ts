@@ -1,5 +1,6 @@
 import { sql } from "drizzle-orm";
 import {
+  bigserial,
   boolean,
   check,
   doublePrecision,
@@ -525,4 +526,30 @@ export const consumerVersions = core.table(
     primaryKey({ columns: [t.queue, t.consumer] }),
     check("consumer_versions_version_given", sql`btrim(${t.version}) <> '' and char_length(${t.version}) <= 200`),
   ],
+);
+
+/**
+ * The database's own record of every operator state change (#21 item 3),
+ * written by triggers whatever the path (a `core.ops_*` function, the
+ * schema's owner), never by a session: nobody can type, change or delete a
+ * row but the audit prune. What changed, from what to what, and who — the
+ * actor the row names and the login that made the change.
+ */
+export const opsChanges = core.table(
+  "ops_changes",
+  {
+    id: bigserial("id", { mode: "number" }).primaryKey(),
+    at: timestamp("at", { withTimezone: true }).notNull().defaultNow(),
+    /** The login (`session_user`) that made the change. */
+    login: text("login").notNull(),
+    /** Who the changed row names (`status_changed_by`, `approved_by`, …). */
+    actor: text("actor"),
+    /** `dead_letter.status`, `replay_batch.status`, `replay_batch.approved`, `ops_audit.delete`. */
+    change: text("change").notNull(),
+    target: uuid("target"),
+    fromState: text("from_state"),
+    toState: text("to_state"),
+    detail: text("detail"),
+  },
+  (t) => [index("ops_changes_at_idx").on(t.at), index("ops_changes_target_idx").on(t.target)],
 );

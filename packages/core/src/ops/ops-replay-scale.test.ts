@@ -245,6 +245,10 @@ describe("audit retention (#9 item 13)", () => {
     const run = await ops.deadLetters.pruneAudit({ operator: "ana", retentionDays: 400, batchSize: 2 });
     expect(run).toMatchObject({ deleted: 6, batches: 4, dryRun: false });
     expect(await remaining()).toEqual(["age-1", "age-29", "age-31", "age-399"]);
+    // The database records each deletion itself, a row per transaction (#21 item 3).
+    const deletions = await sql<{ detail: string }[]>`
+      select detail from core.ops_changes where change = 'ops_audit.deleted' order by id`;
+    expect(deletions.map((d) => d.detail.split(",")[0])).toEqual(["2 entries", "2 entries", "2 entries"]);
 
     expect((await ops.deadLetters.pruneAudit({ operator: "ana", retentionDays: 30 })).deleted).toBe(6);
     expect(await remaining()).toEqual(["age-1", "age-29"]);
