@@ -4,6 +4,7 @@ import type postgres from "postgres";
 import { beforeAll, beforeEach } from "vitest";
 import { z } from "zod";
 import { type ConsumerDefinition, defineConsumer } from "../src/consumer.ts";
+import { PermanentError } from "../src/errors.ts";
 import type { AlertPort, DeadLetterAlert } from "../src/ports/alerts.ts";
 import type { Logger } from "../src/ports/logger.ts";
 import type { JobMetricAttributes, MetricsPort } from "../src/ports/metrics.ts";
@@ -136,4 +137,27 @@ export function testConsumers(prefix: string) {
       ...extra,
     });
   };
+}
+
+/**
+ * A consumer of `points.award.v1` that writes one effect row per job, with
+ * two test controls by customer id: `broken` ones fail permanently (a dead
+ * letter), `held` ones wait for their promise first.
+ */
+export function awardConsumer(
+  name: string,
+  queue: string,
+  controls: { broken?: ReadonlySet<string>; held?: ReadonlyMap<string, Promise<void>> } = {},
+) {
+  return defineConsumer({
+    name,
+    queue,
+    kind: "points.award.v1",
+    schema: z.object({ customerId: z.string(), points: z.number() }),
+    async handle(data, { tx, envelope }) {
+      await controls.held?.get(data.customerId);
+      if (controls.broken?.has(data.customerId)) throw new PermanentError(`customer ${data.customerId} is broken`);
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: name, amount: data.points });
+    },
+  });
 }

@@ -10,7 +10,7 @@ import { eq } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { z } from "zod";
-import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
+import { awardConsumer, createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
 import { createMemoryQueue, type MemoryQueue } from "../adapters/memory/index.ts";
 import { createManualClock } from "../clock.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
@@ -26,15 +26,7 @@ import { type StrainRecorder, strainRecorder } from "./strain.ts";
 const pg = useTestDatabase("batch-controls");
 const QUEUE = "controls.points";
 const CONSUMER = "controls.award";
-const consumer = defineConsumer({
-  name: CONSUMER,
-  queue: QUEUE,
-  kind: "points.award.v1",
-  schema: z.object({ customerId: z.string(), points: z.number() }),
-  async handle(data, { tx, envelope }) {
-    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: CONSUMER, amount: data.points });
-  },
-});
+const consumer = awardConsumer(CONSUMER, QUEUE, {});
 
 let queue: MemoryQueue;
 let ops: Ops;

@@ -16,12 +16,10 @@ import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { uuidv7 } from "uuidv7";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
-import { z } from "zod";
-import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
+import { awardConsumer, createEffectsTable, silentLogger } from "../../test/fixtures.ts";
 import { createMemoryQueue, type DeliveryEvent, type MemoryQueue } from "../adapters/memory/index.ts";
-import { bindConsumer, defineConsumer } from "../consumer.ts";
+import { bindConsumer } from "../consumer.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
-import { PermanentError } from "../errors.ts";
 import { createOps } from "./index.ts";
 import { inProcessReplay, ReplayNotAppliedError, type ReplayTransport } from "./routes.ts";
 
@@ -32,17 +30,7 @@ const CONSUMER = "ipr.award";
 const broken = new Set<string>();
 /** Jobs (by customer id) whose handler waits until released. */
 const held = new Map<string, Promise<void>>();
-const consumer = defineConsumer({
-  name: CONSUMER,
-  queue: QUEUE,
-  kind: "points.award.v1",
-  schema: z.object({ customerId: z.string(), points: z.number() }),
-  async handle(data, { tx, envelope }) {
-    await held.get(data.customerId);
-    if (broken.has(data.customerId)) throw new PermanentError(`customer ${data.customerId} is broken`);
-    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: CONSUMER, amount: data.points });
-  },
-});
+const consumer = awardConsumer(CONSUMER, QUEUE, { broken, held });
 
 /** A login role that may read core.* but not INSERT into core.processed_jobs or core.dead_letters. */
 const role = `softcrum_t_ipr_${randomBytes(6).toString("hex")}`;

@@ -8,16 +8,15 @@ import { useTestDatabase } from "@softcrum/testing";
 import { asc, eq, sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest";
-import { z } from "zod";
 import { publishToDeadLetters } from "../../test/dead-letters.ts";
-import { createEffectsTable, effects, silentLogger } from "../../test/fixtures.ts";
+import { awardConsumer, createEffectsTable, silentLogger } from "../../test/fixtures.ts";
 import { vercelHarness } from "../../test/vercel-transport.ts";
 import { createMemoryQueue, type DeliveryEvent, type MemoryQueue } from "../adapters/memory/index.ts";
 import { toVercelReplayTopic, toVercelTopic } from "../adapters/vercel/index.ts";
-import { bindConsumer, defineConsumer } from "../consumer.ts";
+import { bindConsumer } from "../consumer.ts";
 import { deadLetters, opsAudit, replayBatches, replayBatchItems } from "../db/schema.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
-import { isSoftcrumError, PermanentError } from "../errors.ts";
+import { isSoftcrumError } from "../errors.ts";
 import { createOps, inProcessReplay, type Ops, type ReplayTransport, registeredReplay } from "./index.ts";
 
 const pg = useTestDatabase("ops-replay");
@@ -27,17 +26,7 @@ const broken = new Set<string>();
 const held = new Map<string, Promise<void>>();
 const QUEUE = "replay.points";
 const CONSUMER = "replay.award";
-const consumer = defineConsumer({
-  name: CONSUMER,
-  queue: QUEUE,
-  kind: "points.award.v1",
-  schema: z.object({ customerId: z.string(), points: z.number() }),
-  async handle(data, { tx, envelope }) {
-    await held.get(data.customerId);
-    if (broken.has(data.customerId)) throw new PermanentError(`customer ${data.customerId} is broken`);
-    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: CONSUMER, amount: data.points });
-  },
-});
+const consumer = awardConsumer(CONSUMER, QUEUE, { broken, held });
 
 let queue: MemoryQueue;
 let ops: Ops;
