@@ -77,7 +77,10 @@ describe("the timer limit (#18 item 5)", () => {
     await queue.close();
     expect(runs).toBe(0);
     // Before the fix: 400+ timers of ~1 ms in 300 ms, each rescanning every message.
-    expect(armed.mock.calls.length).toBeLessThanOrEqual(5);
+    // Now the timers follow the queue's events, not the time waited: per event
+    // (subscribe, schedule, close) at most a throttled scan (≤ 5 ms) and the
+    // due-time timer, plus this test's own wait — however slow the machine.
+    expect(armed.mock.calls.length).toBeLessThanOrEqual(10);
   });
 
   test("a period past the timer limit is refused, not run every millisecond", () => {
