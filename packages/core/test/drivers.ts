@@ -20,7 +20,7 @@ export type Isolation = "read committed" | "repeatable read" | "serializable";
 export const ISOLATIONS: readonly Isolation[] = ["read committed", "repeatable read", "serializable"];
 
 export interface DriverCase {
-  readonly driver: "postgres.js" | "node-postgres" | "PGlite";
+  readonly driver: "postgres.js" | "postgres.js unpatched" | "node-postgres" | "PGlite";
   /** The database's default isolation level (what a transaction gets unless it says otherwise). */
   readonly isolation: Isolation;
   /** A real server: other sessions, lock waits and backends that can be terminated. PGlite is one in-process session. */
@@ -52,7 +52,7 @@ export function useDriverMatrix(
   label: string,
   options: { readonly drivers?: readonly DriverCase["driver"][]; readonly isolations?: readonly Isolation[] } = {},
 ): DriverCase[] {
-  const drivers = options.drivers ?? ["postgres.js", "node-postgres", "PGlite"];
+  const drivers = options.drivers ?? ["postgres.js", "postgres.js unpatched", "node-postgres", "PGlite"];
   const isolations = options.isolations ?? ISOLATIONS;
   const cases: DriverCase[] = [];
   // Pools a test made are closed after it (a server has only so many connections); the PGlites after the file.
@@ -117,9 +117,10 @@ export function useDriverMatrix(
           return database.url;
         },
         db: (max = 4, settings = {}) => {
-          if (driver === "postgres.js") {
+          if (driver === "postgres.js" || driver === "postgres.js unpatched") {
             const client = postgres(database.url, { max, onnotice: () => {}, connection: settings });
             pools.push(() => client.end({ timeout: 5 }));
+            if (driver === "postgres.js unpatched") withoutThePatch(client);
             return drizzlePostgresJs({ client }) as unknown as AnyPgDatabase;
           }
           const options = Object.entries(settings)
@@ -152,4 +153,20 @@ function serverDatabase(label: string, isolation: Isolation): TestDatabase {
     await database.sql.unsafe(TRUNCATE);
   });
   return database;
+}
+
+/**
+ * postgres.js as an app that installed it from npm has it: reservations
+ * without patches/postgres@3.4.9.patch's `transactionStatus()` and
+ * `terminate()` (porsager/postgres #1208), everything else the real client.
+ * The harness must then prove each commit by transaction id, inside begin().
+ */
+function withoutThePatch(client: postgres.Sql): void {
+  const reserve = client.reserve.bind(client);
+  Object.assign(client, {
+    reserve: async () => {
+      const reserved = await reserve();
+      return Object.assign(reserved, { transactionStatus: undefined, terminate: undefined });
+    },
+  });
 }

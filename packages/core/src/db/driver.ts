@@ -39,6 +39,14 @@ export type TransactionStatus = "I" | "T" | "E";
 /** One connection, held by one work transaction from `acquire()` until `release()` or `destroy()`. */
 export interface DriverConnection {
   /**
+   * Whether this connection's commit is proven by the session's transaction
+   * status (`transactionStatus()`); otherwise the engine compares the
+   * transaction id the fence was written in with the one open right before
+   * COMMIT. A property of the connection, not of the driver: a postgres.js
+   * pool is only known to carry the #1208 patch once a reservation shows it.
+   */
+  readonly provesByStatus: boolean;
+  /**
    * Opens the transaction (`opening`), then runs `statements` in it, in this
    * order, all sent at once where the driver can pipeline. Settles the
    * opening and then each statement (so the result has one more entry than
@@ -50,7 +58,7 @@ export interface DriverConnection {
   query(statement: Statement): Promise<Answer>;
   /**
    * The session's transaction status from the wire, null once the
-   * connection closed. Only for a driver whose `provesByStatus` is true.
+   * connection closed. Only read where `provesByStatus` is true.
    */
   transactionStatus(): TransactionStatus | null;
   /** Sends COMMIT; resolves with the command tag the server answered (`ROLLBACK` for a failed transaction). */
@@ -73,12 +81,6 @@ export interface DriverConnection {
 
 export interface Driver {
   readonly name: "postgres.js" | "node-postgres" | "PGlite";
-  /**
-   * Whether the commit is proven by the session's transaction status
-   * (`transactionStatus()`); otherwise the engine compares the transaction id
-   * the fence was written in with the one open right before COMMIT.
-   */
-  readonly provesByStatus: boolean;
   /** A connection of this work transaction's own. */
   acquire(): Promise<DriverConnection>;
   /** The driver's Drizzle session class: `new Session(handlerClient, dialect, schema, options)`. */

@@ -401,7 +401,7 @@ async function runOn(
       if (opening === undefined) statements.push({ text: BOUNDS_SQL, params: [serverTimeoutMs(timeoutMs)] });
       if (target.lockKey !== undefined) statements.push({ text: LOCK_SQL, params: [target.lockKey] });
       statements.push({
-        text: driver.provesByStatus ? FENCE_SQL : FENCE_XID_SQL,
+        text: conn.provesByStatus ? FENCE_SQL : FENCE_XID_SQL,
         params: [target.jobId, target.consumer],
       });
       const settled = await deadline.within(conn.start(opening ?? BARE_OPENING, statements), () => {
@@ -448,7 +448,7 @@ async function runOn(
     }
 
     // The transaction the fence was written in is still open.
-    if (driver.provesByStatus) {
+    if (conn.provesByStatus) {
       // The patched reservation refuses to send once its socket closed (no
       // reconnected session), and the last ReadyForQuery says 'T' (the
       // handler did not end it with its own COMMIT or ROLLBACK).

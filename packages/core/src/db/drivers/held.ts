@@ -52,6 +52,8 @@ export function heldConnection<Tx>(
         return settled;
       };
       return {
+        // The driver's callback transaction gives no status of its own: proven by transaction id.
+        provesByStatus: false,
         start: async (opening, statements) => {
           const results: PromiseSettledResult<Answer>[] = [];
           try {

@@ -73,7 +73,6 @@ export function nodePostgresDriver(db: unknown): Driver | undefined {
   guardCheckouts(pool);
   return {
     name: "node-postgres",
-    provesByStatus: false,
     Session: internals.session.constructor as Driver["Session"],
     drizzle: { dialect: internals.dialect, schema: internals.session.schema, options: internals.session.options ?? {} },
     acquire: () => pool.connect().then(connection),
@@ -96,6 +95,7 @@ function connection(client: PoolClient): DriverConnection {
   const run = ({ text, params }: Statement): Promise<Answer> =>
     client.query(text, params ? [...params] : undefined).then(answer);
   return {
+    provesByStatus: false,
     start: (opening, statements) => sendInOrder([{ text: opening.begin }, ...statements], run),
     query: run,
     transactionStatus: () => null,

@@ -25,7 +25,6 @@ export function pgliteDriver(db: unknown): Driver | undefined {
   if (typeof pglite?.transaction !== "function") return undefined;
   return {
     name: "PGlite",
-    provesByStatus: false,
     Session: internals.session.constructor as Driver["Session"],
     drizzle: { dialect: internals.dialect, schema: internals.session.schema, options: internals.session.options ?? {} },
     acquire: () =>

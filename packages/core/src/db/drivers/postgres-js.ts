@@ -64,7 +64,6 @@ export function postgresJsDriver(db: unknown, options: { readonly pipeline: bool
 
   const patched: Driver = {
     name: "postgres.js",
-    provesByStatus: true,
     Session,
     drizzle,
     async acquire() {
@@ -79,7 +78,6 @@ export function postgresJsDriver(db: unknown, options: { readonly pipeline: bool
   };
   const unpatched: Driver = {
     name: "postgres.js",
-    provesByStatus: false,
     Session,
     drizzle,
     acquire: () =>
@@ -99,6 +97,8 @@ export function postgresJsDriver(db: unknown, options: { readonly pipeline: bool
 
 /** One reserved connection (a class: no functions made per job). */
 class ReservedConnection implements DriverConnection {
+  /** The patched reservation reports its last ReadyForQuery's status, null once its socket closed. */
+  readonly provesByStatus = true;
   constructor(
     private readonly conn: ReservedClient,
     private readonly prepare: boolean,
