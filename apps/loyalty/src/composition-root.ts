@@ -1,55 +1,43 @@
 /**
- * The loyalty module's composition root: the one place that decides which
- * database, queue adapter, alerts and metrics the module runs with.
- * - DATABASE_URL set: real Postgres through postgres.js. It must be migrated
- *   already (`pnpm db:migrate`, a deploy step): a service never migrates at
- *   start, it refuses to start (NotMigratedError) on a database behind its code;
- * - otherwise: an embedded Postgres (PGlite), so the module runs with no
- *   server; it is created empty, so it is migrated here.
- * - SOFTCRUM_QUEUE=vercel (production): Vercel Queues, configured from the
- *   environment Vercel sets (VERCEL_REGION, OIDC, VERCEL_DEPLOYMENT_ID) and
- *   the queue secret you set (SOFTCRUM_QUEUE_SECRET, which signs deferrals); the
- *   consumer is served by a route file (`awardPointsRoute`) or a poll worker.
- *   It needs DATABASE_URL: an embedded database in a serverless function would
- *   lose its fences between invocations.
- * - otherwise: the in-process adapter.
+ * The loyalty module's composition root: which database, queue adapter,
+ * alerts and metrics the module runs with. `createModule`
+ * (`@softcrum/core/module`) does the wiring:
+ * - DATABASE_URL set: real Postgres, migrated already (`pnpm db:migrate`, a
+ *   deploy step; a database behind the code is refused, NotMigratedError);
+ *   otherwise an embedded PGlite, migrated in place (it starts empty);
+ * - SOFTCRUM_QUEUE=vercel: Vercel Queues (it needs DATABASE_URL: an embedded
+ *   database in a serverless function would lose its fences), each consumer
+ *   served by a route file (`awardPointsRoute`, …) bound with its vercel.json
+ *   trigger (vercel-triggers.ts), or a poll worker; otherwise in-process.
  * Switching transports changes nothing outside this file.
  *
- * The module has two consumers: award-points credits and writes a partner
- * notification to the transactional outbox in the same transaction;
- * notify-partner calls the partner. The outbox relay publishes committed
- * notifications through the same queue adapter: woken right after each
- * credit commits, and polling (`outboxRelay.start()`, the worker does it)
- * for anything a crashed or another process left behind.
- *
- * Its recurring work (recurring.ts) is a third consumer, on its own queue:
- * `recurringTasks` are the fan-out tasks whose jobs it runs, their tenants
- * read from this module's database; the worker schedules them, or a Vercel
- * Cron route per task does (cron-routes.ts).
+ * award-points credits and writes a partner notification to the outbox in
+ * the same transaction; notify-partner calls the partner; the outbox relay
+ * publishes committed notifications through the same queue, woken after each
+ * credit commits and polling (`outboxRelay.start()`, the worker does it).
+ * The recurring consumer runs the recurring tasks' jobs (recurring.ts), their
+ * tenants read from this module's database; the worker or a Vercel Cron route
+ * per task schedules them (cron-routes.ts).
  */
-import {
-  type AlertPort,
-  type AnyPgDatabase,
-  type BoundConsumer,
-  bindConsumer,
-  type Clock,
-  type Consumer,
-  type FanOutTask,
-  InvalidConfigError,
-  type Logger,
-  type MetricsPort,
-  reportConsumerVersions,
+import type {
+  AlertPort,
+  AnyPgDatabase,
+  BoundConsumer,
+  Clock,
+  Consumer,
+  FanOutTask,
+  Logger,
+  MetricsPort,
 } from "@softcrum/core";
-import { createMemoryQueue, type MemoryQueue } from "@softcrum/core/adapters/memory";
+import type { MemoryQueue } from "@softcrum/core/adapters/memory";
 import type {
   VercelQueue,
   VercelQueueOptions,
-  VercelTrigger,
   VercelWorker,
   VercelWorkerOptions,
 } from "@softcrum/core/adapters/vercel";
-import { assertMigrated, coreMigrations, migrate, postgresJsSession, queryRowsSession } from "@softcrum/core/migrate";
-import { createOutboxRelay, type OutboxRelay } from "@softcrum/core/outbox";
+import { createModule, fromEnv, memory, vercel } from "@softcrum/core/module";
+import type { OutboxRelay } from "@softcrum/core/outbox";
 import {
   type AwardPointsOptions,
   createAwardPointsConsumer,
@@ -61,11 +49,6 @@ import { loyaltyRecurringTasks } from "./recurring.ts";
 import { createRecurringConsumer } from "./recurring-jobs.ts";
 import { LOYALTY_POOL_SIZE, loyaltyTriggers } from "./vercel-triggers.ts";
 
-const routeOptions = (trigger: VercelTrigger) => ({
-  maxDeliveries: trigger.maxDeliveries,
-  retryAfterSeconds: trigger.retryAfterSeconds,
-});
-
 export type LoyaltyTransport = "memory" | "vercel";
 
 export interface LoyaltyModuleOptions extends AwardPointsOptions, NotifyPartnerOptions {
@@ -75,14 +58,11 @@ export interface LoyaltyModuleOptions extends AwardPointsOptions, NotifyPartnerO
   readonly transport?: LoyaltyTransport;
   /** The fence TTL the cleanup uses: the harness refuses copies that could outlive it (`HarnessDeps.fenceTtlMs`). @default none */
   readonly fenceTtlMs?: number;
-  /**
-   * The build or deployment this process runs, reported for its consumers
-   * (a replay batch runs only against the version it was approved for).
-   * @default SOFTCRUM_BUILD_ID, else VERCEL_DEPLOYMENT_ID, else "local"
-   */
+  /** The build this process runs, reported for its consumers. @default SOFTCRUM_BUILD_ID, else VERCEL_DEPLOYMENT_ID, else "local" */
   readonly version?: string;
   /** Vercel Queues settings; unset ones come from the environment. @default {} */
   readonly vercel?: VercelQueueOptions;
+  /** One clock for the queue and the harness. */
   readonly clock?: Clock;
   readonly alerts?: AlertPort;
   readonly metrics?: MetricsPort;
@@ -141,156 +121,65 @@ export async function createLoyaltyModule(
 ): Promise<VercelLoyaltyModule>;
 export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promise<LoyaltyModule>;
 export async function createLoyaltyModule(options: LoyaltyModuleOptions): Promise<LoyaltyModule> {
-  const transport = resolveTransport(options.transport);
-  const url = options.databaseUrl === undefined ? process.env["DATABASE_URL"] : options.databaseUrl;
-  if (transport === "vercel" && !url) {
-    throw new InvalidConfigError(
-      "SOFTCRUM_QUEUE=vercel needs DATABASE_URL: an embedded database in a serverless function loses its fences",
-    );
-  }
-  // Checked before opening the database, so a missing Vercel setting fails fast.
-  const vercel = transport === "vercel" ? await openVercel(options) : undefined;
-  const { db, database, closeDb } = url ? await openPostgres(url) : await openPglite();
-  const queue =
-    vercel ??
-    createMemoryQueue({
-      ...(options.clock ? { clock: options.clock } : {}),
-      concurrency: options.concurrency ?? 4,
-    });
-  const outboxRelay = createOutboxRelay({ db, queue, ...(options.logger ? { logger: options.logger } : {}) });
-  const deps = {
-    db,
-    ...(options.alerts ? { alerts: options.alerts } : {}),
-    ...(options.metrics ? { metrics: options.metrics } : {}),
-    ...(options.logger ? { logger: options.logger } : {}),
-    ...(options.clock ? { now: () => options.clock?.now() ?? Date.now() } : {}),
-    ...(options.fenceTtlMs !== undefined ? { fenceTtlMs: options.fenceTtlMs } : {}),
-  };
-  const awardConsumer = createAwardPointsConsumer(options);
-  const notifyConsumer = createNotifyPartnerConsumer(options);
-  // The credit's notification goes out as soon as the credit commits.
-  const awardPoints = bindConsumer(awardConsumer, { ...deps, outboxRelay });
-  const notifyPartner = bindConsumer(notifyConsumer, deps);
+  const inProcess = { concurrency: options.concurrency ?? 4 };
+  const transport =
+    options.transport === "vercel"
+      ? vercel(options.vercel)
+      : options.transport === "memory"
+        ? memory(inProcess)
+        : fromEnv({ memory: inProcess, ...(options.vercel ? { vercel: options.vercel } : {}) });
+  const award = createAwardPointsConsumer(options);
+  const notify = createNotifyPartnerConsumer(options);
   const recurringConsumer = createRecurringConsumer();
-  const recurring = bindConsumer(recurringConsumer, deps);
-  const recurringTasks = loyaltyRecurringTasks(db);
-  const consumers = [awardConsumer, notifyConsumer, recurringConsumer];
-  // What a replay batch is made and approved for (#21 item 6): this build, and the kinds it accepts.
-  await reportConsumerVersions(db, consumers, options.version ?? buildVersion()).catch(async (error: unknown) => {
-    await closeDb();
-    throw error;
-  });
-  if (vercel) {
-    const triggers = loyaltyTriggers({
-      awardPoints: awardConsumer,
-      notifyPartner: notifyConsumer,
-      recurring: recurringConsumer,
-    });
-    return {
-      transport: "vercel",
-      db,
-      database,
-      consumers,
-      awardPoints,
-      notifyPartner,
-      recurring,
-      recurringTasks,
-      outboxRelay,
-      queue: vercel,
-      // The adapter must know each route's trigger (its delivery cap) to dead-letter before the service drops.
-      awardPointsRoute: vercel.pushHandler(awardPoints, routeOptions(triggers.awardPoints.trigger)),
-      notifyPartnerRoute: vercel.pushHandler(notifyPartner, routeOptions(triggers.notifyPartner.trigger)),
-      recurringRoute: vercel.pushHandler(recurring, routeOptions(triggers.recurring.trigger)),
-      startAwardPointsWorker: (workerOptions) => vercel.startWorker(awardPoints, workerOptions),
-      startNotifyPartnerWorker: (workerOptions) => vercel.startWorker(notifyPartner, workerOptions),
-      startRecurringWorker: (workerOptions) => vercel.startWorker(recurring, workerOptions),
-      async close() {
-        await outboxRelay.stop();
-        await vercel.close();
-        await closeDb();
+  // Each route is bound with its vercel.json trigger: the adapter must know its delivery cap.
+  const triggers =
+    transport.kind === "vercel"
+      ? loyaltyTriggers({ awardPoints: award, notifyPartner: notify, recurring: recurringConsumer })
+      : undefined;
+  const mod = await createModule({
+    name: "loyalty",
+    consumers: [award, notify, recurringConsumer],
+    migrations: loyaltyMigrations,
+    db: options.databaseUrl === null ? "embedded" : options.databaseUrl,
+    // The routes' trigger concurrency is sized against this pool (vercel-triggers.ts).
+    poolSize: LOYALTY_POOL_SIZE,
+    transport,
+    outbox: true,
+    ...(triggers && {
+      routes: {
+        [award.name]: triggers.awardPoints,
+        [notify.name]: triggers.notifyPartner,
+        [recurringConsumer.name]: triggers.recurring,
       },
-    };
-  }
-  const memory = queue as MemoryQueue;
-  memory.subscribe(awardPoints);
-  memory.subscribe(notifyPartner);
-  memory.subscribe(recurring);
-  return {
-    transport: "memory",
-    db,
-    database,
-    consumers,
-    awardPoints,
-    notifyPartner,
-    recurring,
-    recurringTasks,
-    outboxRelay,
-    queue: memory,
-    async settle() {
-      for (;;) {
-        await memory.drain();
-        // Waits for any pass a commit woke, then relays whatever is left.
-        const relayed = await outboxRelay.run();
-        if (relayed.published === 0 && memory.pending() === 0) return;
-      }
-    },
-    async close() {
-      await outboxRelay.stop();
-      await memory.close();
-      await closeDb();
-    },
-  };
-}
-
-function resolveTransport(explicit: LoyaltyTransport | undefined): LoyaltyTransport {
-  const value = explicit ?? process.env["SOFTCRUM_QUEUE"] ?? "memory";
-  if (value !== "memory" && value !== "vercel") {
-    throw new InvalidConfigError(`SOFTCRUM_QUEUE must be "memory" or "vercel", got ${JSON.stringify(value)}`);
-  }
-  return value;
-}
-
-async function openVercel(options: LoyaltyModuleOptions): Promise<VercelQueue> {
-  // Loaded only here, so the in-process setup never needs the Vercel SDK.
-  const { createVercelQueue } = await import("@softcrum/core/adapters/vercel");
-  return createVercelQueue({
-    ...(options.clock ? { clock: options.clock } : {}),
-    ...(options.logger ? { logger: options.logger } : {}),
-    // Failed acknowledgements, lost leases, rescues and auth failures are counted (softcrum.transport.incident).
-    ...(options.metrics ? { metrics: options.metrics } : {}),
-    ...options.vercel,
+    }),
+    clock: options.clock,
+    alerts: options.alerts,
+    metrics: options.metrics,
+    logger: options.logger,
+    fenceTtlMs: options.fenceTtlMs,
+    version: options.version,
   });
-}
-
-/** This process's build: set SOFTCRUM_BUILD_ID (a git sha, a release) where Vercel's deployment id is not set. */
-function buildVersion(): string {
-  return process.env["SOFTCRUM_BUILD_ID"] || process.env["VERCEL_DEPLOYMENT_ID"] || "local";
-}
-
-async function openPostgres(url: string) {
-  const { default: postgres } = await import("postgres");
-  const { drizzle } = await import("drizzle-orm/postgres-js");
-  // The routes' trigger concurrency is sized against this pool (vercel-triggers.ts).
-  const client = postgres(url, { max: LOYALTY_POOL_SIZE, onnotice: () => {} });
-  // A few catalog reads on the pool: every start (a Vercel cold start too) checks, none migrates.
-  try {
-    await assertMigrated(postgresJsSession(client), [coreMigrations, loyaltyMigrations]);
-  } catch (error) {
-    await client.end();
-    throw error;
-  }
-  const db = drizzle({ client });
-  return { db: db as AnyPgDatabase, database: "postgres" as const, closeDb: () => client.end() };
-}
-
-async function openPglite() {
-  const { PGlite } = await import("@electric-sql/pglite");
-  const { drizzle } = await import("drizzle-orm/pglite");
-  const client = new PGlite();
-  // One process owns an embedded database: no lock to take.
-  const session = queryRowsSession(client);
-  await migrate(session, coreMigrations, { lock: false });
-  await migrate(session, loyaltyMigrations, { lock: false });
-  const db = drizzle({ client });
-  return { db: db as AnyPgDatabase, database: "pglite" as const, closeDb: () => client.close() };
+  const base: LoyaltyModuleBase = {
+    db: mod.db,
+    database: mod.database,
+    consumers: mod.definitions,
+    awardPoints: mod.consumer(award.name),
+    notifyPartner: mod.consumer(notify.name),
+    recurring: mod.consumer(recurringConsumer.name),
+    recurringTasks: loyaltyRecurringTasks(mod.db),
+    outboxRelay: mod.outboxRelay,
+    close: () => mod.close(),
+  };
+  if (mod.transport === "memory") return { ...base, transport: "memory", queue: mod.queue, settle: () => mod.settle() };
+  return {
+    ...base,
+    transport: "vercel",
+    queue: mod.queue,
+    awardPointsRoute: mod.route(award.name),
+    notifyPartnerRoute: mod.route(notify.name),
+    recurringRoute: mod.route(recurringConsumer.name),
+    startAwardPointsWorker: (workerOptions) => mod.startWorker(award.name, workerOptions),
+    startNotifyPartnerWorker: (workerOptions) => mod.startWorker(notify.name, workerOptions),
+    startRecurringWorker: (workerOptions) => mod.startWorker(recurringConsumer.name, workerOptions),
+  };
 }

@@ -1,8 +1,5 @@
-import { migrateCore } from "@softcrum/core/migrate";
-import { createPostgresGlobalSetup } from "@softcrum/testing/global-setup";
-import { migrateLoyalty } from "../src/migrations.ts";
+import { moduleGlobalSetup } from "@softcrum/core/testing";
+import { findPostgres } from "@softcrum/testing/postgres";
+import { loyaltyMigrations } from "../src/migrations.ts";
 
-export default createPostgresGlobalSetup("loyalty", async (url) => {
-  await migrateCore(url);
-  await migrateLoyalty(url);
-});
+export default moduleGlobalSetup({ name: "loyalty", migrations: [loyaltyMigrations], findServer: findPostgres });

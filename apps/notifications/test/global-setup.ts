@@ -1,8 +1,9 @@
-import { migrateCore } from "@softcrum/core/migrate";
-import { createPostgresGlobalSetup } from "@softcrum/testing/global-setup";
-import { migrateNotifications } from "../src/migrations.ts";
+import { moduleGlobalSetup } from "@softcrum/core/testing";
+import { findPostgres } from "@softcrum/testing/postgres";
+import { notificationsMigrations } from "../src/migrations.ts";
 
-export default createPostgresGlobalSetup("notifications", async (url) => {
-  await migrateCore(url);
-  await migrateNotifications(url);
+export default moduleGlobalSetup({
+  name: "notifications",
+  migrations: [notificationsMigrations],
+  findServer: findPostgres,
 });

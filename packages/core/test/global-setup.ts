@@ -1,4 +1,4 @@
-import { createPostgresGlobalSetup } from "@softcrum/testing/global-setup";
-import { migrateCore } from "../src/db/migrate.ts";
+import { findPostgres } from "@softcrum/testing/postgres";
+import { moduleGlobalSetup } from "../src/testing/index.ts";
 
-export default createPostgresGlobalSetup("core", migrateCore);
+export default moduleGlobalSetup({ name: "core", findServer: findPostgres });

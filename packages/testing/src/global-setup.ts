@@ -1,30 +1,18 @@
-import type { TestProject } from "vitest/node";
-import { findPostgres, uniqueDatabaseName, withAdmin, withDatabase } from "./postgres.ts";
+import { moduleGlobalSetup, type ProvidingProject } from "../../core/src/testing/vitest.ts";
+import { findPostgres } from "./postgres.ts";
 
-/** What global setup hands to every test file (through Vitest's provide/inject). */
-export interface ProvidedPostgres {
-  readonly adminUrl: string;
-  readonly template: string;
-}
-export const PROVIDED_KEY = "softcrumPostgres";
+export type { ProvidedPostgres } from "../../core/src/testing/vitest.ts";
+export { PROVIDED_KEY } from "../../core/src/testing/vitest.ts";
 
 /**
- * A Vitest global setup: finds Postgres, creates a template database and runs
- * `migrate` on it once; every test file then copies it (see useTestDatabase).
+ * A Vitest global setup: finds Postgres (testcontainers as the last resort),
+ * creates a template database and runs `migrate` on it once; every test file
+ * then copies it (see useTestDatabase). It is `moduleGlobalSetup` of
+ * `@softcrum/core/testing` with the migration as one function.
  */
-export function createPostgresGlobalSetup(label: string, migrate: (databaseUrl: string) => Promise<unknown>) {
-  return async function setup(project: TestProject) {
-    const server = await findPostgres();
-    const template = uniqueDatabaseName("softcrum_tpl", label);
-    await withAdmin(server.adminUrl, (sql) => sql`create database ${sql(template)}`);
-    await migrate(withDatabase(server.adminUrl, template));
-    const provided: ProvidedPostgres = { adminUrl: server.adminUrl, template };
-    // Untyped on purpose: a module augmentation of "vitest" breaks when pnpm
-    // installs several peer variants of it in one workspace.
-    (project.provide as (key: string, value: unknown) => void)(PROVIDED_KEY, provided);
-    return async () => {
-      await withAdmin(server.adminUrl, (sql) => sql`drop database if exists ${sql(template)} with (force)`);
-      await server.stop();
-    };
-  };
+export function createPostgresGlobalSetup(
+  label: string,
+  migrate: (databaseUrl: string) => Promise<unknown>,
+): (project: ProvidingProject) => Promise<() => Promise<void>> {
+  return moduleGlobalSetup({ name: label, migrate, includeCore: false, findServer: findPostgres });
 }

@@ -1,15 +1,19 @@
-import { randomBytes } from "node:crypto";
-import postgres from "postgres";
+/**
+ * The repository's Postgres finder: `@softcrum/core/testing`'s (TEST_DATABASE_URL,
+ * else 127.0.0.1:5432), and when neither answers, a testcontainers Postgres
+ * if Docker is there (SPEC §8). The database helpers are core's.
+ */
+// Relative: this private package does not depend on @softcrum/core; the code lives there, published.
+import {
+  findTestPostgres,
+  type PostgresServer,
+  uniqueDatabaseName,
+  withAdmin,
+  withDatabase,
+} from "../../core/src/testing/postgres.ts";
 
-/** Where the tests' Postgres came from, and how to stop it if we started it. */
-export interface PostgresServer {
-  /** A URL for the maintenance database, with the right to CREATE DATABASE. */
-  readonly adminUrl: string;
-  readonly source: "TEST_DATABASE_URL" | "127.0.0.1:5432" | "testcontainers";
-  stop(): Promise<void>;
-}
-
-const LOCAL_URL = "postgres://postgres@127.0.0.1:5432/postgres";
+export type { PostgresServer };
+export { uniqueDatabaseName, withAdmin, withDatabase };
 
 export const NO_POSTGRES_MESSAGE =
   "No Postgres for the tests: set TEST_DATABASE_URL=postgres://USER:PASSWORD@HOST:PORT/DB (a user that may CREATE DATABASE), " +
@@ -21,13 +25,12 @@ export const NO_POSTGRES_MESSAGE =
  * when Docker is there, else an error saying how to provide one.
  */
 export async function findPostgres(): Promise<PostgresServer> {
-  const fromEnv = process.env["TEST_DATABASE_URL"];
-  if (fromEnv) {
-    const problem = await reach(fromEnv);
-    if (problem) throw new Error(`TEST_DATABASE_URL is set but unreachable (${problem}). ${NO_POSTGRES_MESSAGE}`);
-    return { adminUrl: fromEnv, source: "TEST_DATABASE_URL", stop: async () => {} };
+  try {
+    return await findTestPostgres();
+  } catch (error) {
+    // A TEST_DATABASE_URL that does not answer is a mistake to report, not to work around.
+    if (process.env["TEST_DATABASE_URL"]) throw error;
   }
-  if (!(await reach(LOCAL_URL))) return { adminUrl: LOCAL_URL, source: "127.0.0.1:5432", stop: async () => {} };
   try {
     const { PostgreSqlContainer } = await import("@testcontainers/postgresql");
     const container = await new PostgreSqlContainer("postgres:16-alpine").start();
@@ -40,43 +43,5 @@ export async function findPostgres(): Promise<PostgresServer> {
     };
   } catch {
     throw new Error(NO_POSTGRES_MESSAGE);
-  }
-}
-
-/** Undefined when `select 1` works, else why not. */
-async function reach(url: string): Promise<string | undefined> {
-  const sql = postgres(url, { max: 1, connect_timeout: 3, onnotice: () => {} });
-  try {
-    await sql`select 1`;
-    return undefined;
-  } catch (error) {
-    return error instanceof Error ? error.message : String(error);
-  } finally {
-    await sql.end({ timeout: 1 });
-  }
-}
-
-/** The same server, another database. */
-export function withDatabase(url: string, database: string): string {
-  const u = new URL(url);
-  u.pathname = `/${database}`;
-  return u.toString();
-}
-
-export function uniqueDatabaseName(prefix: string, label: string): string {
-  const slug = label
-    .toLowerCase()
-    .replace(/[^a-z0-9]+/g, "_")
-    .slice(-30);
-  return `${prefix}_${slug}_${randomBytes(4).toString("hex")}`.slice(0, 63);
-}
-
-/** Runs `work` with a one-connection admin client on the maintenance database. */
-export async function withAdmin<T>(adminUrl: string, work: (sql: postgres.Sql) => Promise<T>): Promise<T> {
-  const sql = postgres(adminUrl, { max: 1, onnotice: () => {} });
-  try {
-    return await work(sql);
-  } finally {
-    await sql.end({ timeout: 5 });
   }
 }
