@@ -5,6 +5,6 @@ import { defineConfig } from "drizzle-kit";
 export default defineConfig({
   dialect: "postgresql",
   schema: "./packages/core/src/db/schema.ts",
-  out: "./drizzle",
+  out: "./packages/core/drizzle",
   schemaFilter: ["core"],
 });

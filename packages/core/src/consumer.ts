@@ -19,7 +19,7 @@ import { deliveryBoundMs, FENCE_TTL_CLOCK_ALLOWANCE_MS, fenceTtlMarginMs, type H
 import { type LaneAdmission, LaneGate } from "./lanes/gate.ts";
 import { type Admission, RateGate } from "./limits/gate.ts";
 import { LruMap } from "./lru-map.ts";
-import { boundedText, payloadSha256, type ReceivedPayload } from "./payload.ts";
+import { boundedText, type EnvelopeFields, payloadSha256, type ReceivedPayload } from "./payload.ts";
 import { checkPayload } from "./poison-check.ts";
 import { noopAlerts } from "./ports/alerts.ts";
 import { consoleLogger, type Logger } from "./ports/logger.ts";
@@ -54,7 +54,7 @@ type DeadLetterInput = {
   /** What the handler threw, if it threw: the alert reads its SQLSTATE and names. */
   cause?: unknown;
   received: ReceivedPayload;
-  envelope: Partial<Record<"job_id" | "tenant_id" | "correlation_id" | "kind", string>>;
+  envelope: EnvelopeFields;
   /**
    * Where the cause comes from, when it is not this delivery: `remembered`, a
    * failure whose letter could not be written earlier; `unknown`, nobody here

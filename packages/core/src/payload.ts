@@ -73,7 +73,7 @@ function storable(text: string): Pick<ReceivedPayload, "text" | "encoding"> {
 }
 
 /** The envelope fields of a payload, as far as they are readable. */
-export type EnvelopeFields = Partial<Record<"job_id" | "tenant_id" | "correlation_id" | "kind", string>>;
+export type EnvelopeFields = { [K in "job_id" | "tenant_id" | "correlation_id" | "kind"]?: string | undefined };
 
 /** The envelope fields of an invalid payload that are still readable, as evidence for the operator. */
 export function readableFields(value: unknown): EnvelopeFields {

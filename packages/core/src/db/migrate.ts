@@ -14,15 +14,37 @@
  * the database is migrated (`assertMigrated`).
  */
 import { createHash } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { InvalidConfigError } from "../errors.ts";
 
 /**
- * The folder of @softcrum/core's generated SQL migrations (the repository's
- * top-level `drizzle/`): `migratePostgres(url, { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable })`.
+ * The folder of @softcrum/core's generated SQL migrations (`drizzle/` at the
+ * package's root, shipped in the package):
+ * `migratePostgres(url, { migrationsFolder: coreMigrationsFolder, ...coreMigrationsTable })`.
  */
-export const coreMigrationsFolder = fileURLToPath(new URL("../../../../drizzle", import.meta.url));
+export const coreMigrationsFolder = packageMigrationsFolder(fileURLToPath(import.meta.url));
+
+/**
+ * The package's `drizzle/`, found from this module's own location: the
+ * sources (src/db/) and the built files (dist/, or a chunk of an app's
+ * bundler) sit at different depths, so it walks up to the folder holding both
+ * the package's package.json and drizzle/meta/_journal.json.
+ */
+function packageMigrationsFolder(from: string): string {
+  let dir = dirname(from);
+  for (let depth = 0; depth < 6; depth++) {
+    if (existsSync(join(dir, "package.json")) && existsSync(join(dir, "drizzle", "meta", "_journal.json"))) {
+      return join(dir, "drizzle");
+    }
+    const parent = dirname(dir);
+    if (parent === dir) break;
+    dir = parent;
+  }
+  // Reported when a migration runs (readMigrationFolder names the folder), not at import.
+  return join(dirname(from), "drizzle");
+}
 
 /** The bookkeeping table for the core migrations (kept apart from each module's own). */
 export const coreMigrationsTable = { migrationsSchema: "drizzle", migrationsTable: "__softcrum_core_migrations" };
@@ -58,6 +80,11 @@ export interface MigrationFile {
 
 /** A migration folder as drizzle-kit wrote it, in journal order. */
 export function readMigrationFolder(folder: string): MigrationFile[] {
+  if (!existsSync(join(folder, "meta", "_journal.json"))) {
+    throw new InvalidConfigError(
+      `no migrations at ${folder}: meta/_journal.json is missing (a MigrationSet's migrationsFolder is the folder drizzle-kit generates into)`,
+    );
+  }
   const journal = JSON.parse(readFileSync(`${folder}/meta/_journal.json`, "utf8")) as {
     entries: { tag: string; when: number }[];
   };

@@ -23,7 +23,7 @@ export function guardedMetrics(metrics: MetricsPort, failures: ObserverFailures,
 }
 
 class GuardedMetrics implements MetricsPort {
-  readonly transportIncident?: MetricsPort["transportIncident"];
+  readonly transportIncident?: NonNullable<MetricsPort["transportIncident"]>;
   constructor(
     private readonly metrics: MetricsPort,
     private readonly failures: ObserverFailures,

@@ -137,7 +137,7 @@ function warnUnpatched(): void {
   if (warnedUnpatched) return;
   warnedUnpatched = true;
   process.emitWarning(
-    "@softcrum/core: postgres.js is not patched (patches/postgres@3.4.9.patch); the work transaction runs inside postgres.js's begin(), without pipelining, and proves its commit by transaction id (porsager/postgres #1208)",
+    "@softcrum/core: postgres.js is not patched against porsager/postgres #1208, so work transactions run inside its begin(), unpipelined, each commit proven by transaction id (safe, slower); for the pipelined path apply the patch @softcrum/core ships, patches/postgres@3.4.9.patch (ADR 0012)",
   );
 }
 
