@@ -1,14 +1,16 @@
-import { readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { describe, expect, test } from "vitest";
 import { coreMigrationsFolder } from "./migrate.ts";
 import { APPLIED_ESCAPES, lintMigration } from "./migrate-lint.ts";
 
+// Every module under apps/ with migrations, found by glob: a new module's are linted too.
+const apps = fileURLToPath(new URL("../../../../apps/", import.meta.url));
 const folders = [
   coreMigrationsFolder,
-  ...["loyalty", "notifications"].map((app) =>
-    fileURLToPath(new URL(`../../../../apps/${app}/drizzle`, import.meta.url)),
-  ),
+  ...readdirSync(apps)
+    .map((app) => `${apps}${app}/drizzle`)
+    .filter((folder) => existsSync(folder)),
 ];
 const files = folders.flatMap((folder) =>
   readdirSync(folder)
