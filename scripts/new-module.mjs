@@ -501,8 +501,9 @@ function main() {
   process.stdout.write(`${lines.join("\n")}\n`);
 
   if (install) {
-    process.stdout.write("\nLinking it into the workspace: pnpm install\n");
-    const result = spawnSync("pnpm", ["install"], { cwd: ROOT, stdio: "inherit" });
+    process.stdout.write("\nLinking it into the workspace: pnpm install --no-frozen-lockfile\n");
+    // The new package must enter the lockfile; under CI=true pnpm would otherwise refuse (frozen lockfile).
+    const result = spawnSync("pnpm", ["install", "--no-frozen-lockfile"], { cwd: ROOT, stdio: "inherit" });
     if (result.status !== 0) {
       process.stderr.write(
         `new:module: pnpm install failed (${result.error?.message ?? `exit code ${result.status}`}); ${where} is written: fix the install, then run pnpm install\n`,

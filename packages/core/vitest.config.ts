@@ -13,6 +13,7 @@ const FAULT_FILES = [
   "src/harness-faults.test.ts",
   "src/adapters/vercel/answer-matrix.test.ts", // every platform answer on every republishing path, timeouts included
   "src/ops/ops-replay-scale.test.ts",
+  "src/ops/ops-replay.test.ts", // replays raced against live deliveries and each other: 37 cases, ~24 s
   "src/ops/ops-scale.test.ts", // 200,000 dead letters
   "src/ops/batch-controls.test.ts", // controls landing while a paced runner waits, on the real clock
   "src/limits/upstash.test.ts", // three worker processes against one Redis bucket
@@ -32,8 +33,15 @@ const shared = {
   hookTimeout: 60_000,
 };
 
+// The type tests (src/**/*.test-d.ts) run here too: Vitest typechecks the
+// whole project for them (~18 s), and `pnpm typecheck` checks the same files.
 export const faults = defineProject({
-  test: { name: "core:faults", include: FAULT_FILES, ...shared },
+  test: {
+    name: "core:faults",
+    include: FAULT_FILES,
+    ...shared,
+    typecheck: { enabled: true, include: ["src/**/*.test-d.ts"], tsconfig: "./tsconfig.json" },
+  },
 });
 
 export default defineProject({
@@ -42,6 +50,5 @@ export default defineProject({
     include: ["src/**/*.test.ts", "test/**/*.test.ts"],
     exclude: [...configDefaults.exclude, ...FAULT_FILES],
     ...shared,
-    typecheck: { enabled: true, include: ["src/**/*.test-d.ts"], tsconfig: "./tsconfig.json" },
   },
 });

@@ -1,11 +1,11 @@
 import { createEnvelope } from "@softcrum/core";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { uuidv7 } from "uuidv7";
 import { beforeEach, describe, expect, test } from "vitest";
 import { AWARD_POINTS_KIND, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule } from "./composition-root.ts";
 
-const pg = useTestDatabase("loyalty-award");
+const pg = useModuleDatabase("loyalty-award");
 const quiet = { warn: () => {}, error: () => {} };
 
 beforeEach(async () => {

@@ -1,14 +1,14 @@
 import { createEnvelope, InvalidConfigError } from "@softcrum/core";
 import { toVercelTopic } from "@softcrum/core/adapters/vercel";
 import { NotMigratedError } from "@softcrum/core/migrate";
-import { uniqueDatabaseName, useTestDatabase, withDatabase } from "@softcrum/testing";
+import { uniqueDatabaseName, useModuleDatabase, withDatabase } from "@softcrum/core/testing";
 import postgres from "postgres";
 import { afterEach, describe, expect, test } from "vitest";
 import { startFakeVercelQueues } from "../../../packages/core/test/fake-vercel-queues.ts";
 import { AWARD_POINTS_QUEUE, type PartnerNotifier } from "./award-points.ts";
 import { createLoyaltyModule } from "./composition-root.ts";
 
-const pg = useTestDatabase("loyalty-root");
+const pg = useModuleDatabase("loyalty-root");
 const accepting: PartnerNotifier = { pointsAwarded: async () => {} };
 const quiet = { warn: () => {}, error: () => {} };
 const saved = process.env["SOFTCRUM_QUEUE"];

@@ -5,14 +5,14 @@
  * twice) — and vercel.json's crons, which fire once per tick, after it.
  */
 import { createManualClock } from "@softcrum/core";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { createLoyaltyModule, type InProcessLoyaltyModule } from "./composition-root.ts";
 import { CRON_OFFSET_MINUTES, cronPath, cronSchedule, loyaltyCronRoutes, loyaltyCrons } from "./cron-routes.ts";
 import { RECURRING_TASKS } from "./recurring.ts";
 import { upsertTenant } from "./tenants.ts";
 
-const pg = useTestDatabase("loyalty-cron-routes");
+const pg = useModuleDatabase("loyalty-cron-routes");
 const SECRET = "loyalty-cron-secret-0123456789";
 let module: InProcessLoyaltyModule;
 

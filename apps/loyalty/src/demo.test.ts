@@ -1,8 +1,8 @@
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { describe, expect, test } from "vitest";
 import { DEMO_RETRY_POLICY, type DemoSummary, describeDemo, runDemo } from "./demo-scenario.ts";
 
-const pg = useTestDatabase("loyalty-demo");
+const pg = useModuleDatabase("loyalty-demo");
 
 /**
  * What the scenario does, counted by hand: 40 award jobs for 5 customers of

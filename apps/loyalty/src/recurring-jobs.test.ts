@@ -5,14 +5,14 @@
  * rollups, then delete) and the snapshot partitions.
  */
 import { createEnvelope, createManualClock, fanOutJobId } from "@softcrum/core";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { AWARD_POINTS_KIND, AWARD_POINTS_QUEUE, createAwardPointsConsumer, POINTS_VALID_DAYS } from "./award-points.ts";
 import { createLoyaltyModule, type InProcessLoyaltyModule } from "./composition-root.ts";
 import { RECURRING_KINDS, RECURRING_QUEUE } from "./recurring.ts";
 import { EXPIRING_WITHIN_DAYS, RETENTION, SNAPSHOT_SETTLE_MS } from "./recurring-jobs.ts";
 
-const pg = useTestDatabase("loyalty-recurring-jobs");
+const pg = useModuleDatabase("loyalty-recurring-jobs");
 let module: InProcessLoyaltyModule;
 const failures: string[] = [];
 

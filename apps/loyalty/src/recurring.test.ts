@@ -5,13 +5,13 @@
  * through the recurring consumer's fence, on real Postgres.
  */
 import { createManualClock, type Envelope, type QueuePort, TIERS } from "@softcrum/core";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { createLoyaltyModule, type InProcessLoyaltyModule } from "./composition-root.ts";
 import { RECURRING_KINDS, RECURRING_QUEUE, RECURRING_TASKS, runRecurringTick } from "./recurring.ts";
 import { PLATFORM_TENANT } from "./tenants.ts";
 
-const pg = useTestDatabase("loyalty-recurring");
+const pg = useModuleDatabase("loyalty-recurring");
 let module: InProcessLoyaltyModule;
 const outcomes: string[] = [];
 

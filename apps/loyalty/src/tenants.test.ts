@@ -3,11 +3,11 @@
  * loyalty.tenants, by entitlement tier for the freshness recompute.
  */
 import { type TenantSource, TIERS, type Tier } from "@softcrum/core";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { beforeEach, describe, expect, test } from "vitest";
 import { everyTenant, PLATFORM_TENANT, platformOnly, tenantsDueAt, upsertTenant } from "./tenants.ts";
 
-const pg = useTestDatabase("loyalty-tenants");
+const pg = useModuleDatabase("loyalty-tenants");
 
 beforeEach(async () => {
   await pg.sql`truncate loyalty.tenants`;

@@ -1,10 +1,10 @@
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { afterEach, beforeEach, expect, test } from "vitest";
 import { FakeIngest } from "../../../packages/core/test/fake-betterstack.ts";
 
-const pg = useTestDatabase("loyalty-worker-alerts");
+const pg = useModuleDatabase("loyalty-worker-alerts");
 
 let ingest: FakeIngest;
 let endpoint: string;

@@ -6,13 +6,13 @@
  * afterwards adds nothing.
  */
 import type { FanOutReport } from "@softcrum/core";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { describe, expect, test } from "vitest";
 import { loyaltyCronRoutes } from "./cron-routes.ts";
 import { RECURRING_TASKS } from "./recurring.ts";
 import { startLoyaltyWorker } from "./worker.ts";
 
-const pg = useTestDatabase("loyalty-worker-recurring");
+const pg = useModuleDatabase("loyalty-worker-recurring");
 const DAY = 86_400_000;
 
 describe("the worker's recurring loops", () => {

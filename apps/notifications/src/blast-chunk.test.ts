@@ -1,5 +1,5 @@
 import { createEnvelope } from "@softcrum/core";
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { uuidv7 } from "uuidv7";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
 import { wireError } from "../test/fake-resend-wire.ts";
@@ -9,7 +9,7 @@ import { BLAST_CHUNK_KIND, blastChunkJobId } from "./chunk-job-id.ts";
 import { addContacts } from "./contacts.ts";
 import { EMAIL_MARKETING_QUEUE } from "./email-lanes.ts";
 
-const pg = useTestDatabase("notifications-chunk");
+const pg = useModuleDatabase("notifications-chunk");
 const CHUNK = "notifications.blast-chunk";
 let t: TestModule;
 

@@ -1,4 +1,4 @@
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { uuidv7 } from "uuidv7";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
 import { message, quietLogger, seedContacts, startTestModule, type TestModule } from "../test/harness.ts";
@@ -8,7 +8,7 @@ import { unsubscribeContact } from "./contacts.ts";
 import { EMAIL_MARKETING_QUEUE } from "./email-lanes.ts";
 import { isNotificationsError } from "./errors.ts";
 
-const pg = useTestDatabase("notifications-blast");
+const pg = useModuleDatabase("notifications-blast");
 let t: TestModule | undefined;
 
 beforeEach(async () => {

@@ -1,8 +1,8 @@
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { describe, expect, test } from "vitest";
 import { type NotificationsSceneSummary, runNotificationsScene, SCENE_TENANTS } from "./demo-scenario.ts";
 
-const pg = useTestDatabase("notifications-demo");
+const pg = useModuleDatabase("notifications-demo");
 
 /** The lines `pnpm demo` prints for the notifications scene, as numbers. */
 function expectTheScene(summary: NotificationsSceneSummary) {

@@ -1,4 +1,4 @@
-import { useTestDatabase } from "@softcrum/testing";
+import { useModuleDatabase } from "@softcrum/core/testing";
 import { uuidv7 } from "uuidv7";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
 import { wireError } from "../test/fake-resend-wire.ts";
@@ -7,7 +7,7 @@ import { EMAIL_MARKETING_QUEUE, EMAIL_TRANSACTIONAL_QUEUE } from "./email-lanes.
 import { isNotificationsError } from "./errors.ts";
 import { transactionalEmailIdempotencyKey } from "./transactional-email.ts";
 
-const pg = useTestDatabase("notifications-transactional");
+const pg = useModuleDatabase("notifications-transactional");
 const EMAIL = "notifications.transactional-email";
 let t: TestModule;
 

@@ -6,7 +6,7 @@
  */
 import { createManualClock, type ManualClock } from "@softcrum/core";
 import type { DeliveryEvent } from "@softcrum/core/adapters/memory";
-import type { TestDatabase } from "@softcrum/testing";
+import type { TestDatabase } from "@softcrum/core/testing";
 import {
   createNotificationsModule,
   type NotificationsModule,
