@@ -48,9 +48,10 @@ export class DeliveryLoop {
       this.#afterChange();
       return;
     }
-    for (const message of subscription.messages) {
-      if (subscription.leases.size >= subscription.concurrency) break;
-      if (message.inFlight || message.visibleAt > now) continue;
+    // Visible messages start in lane order; a lane looks at no other message.
+    while (subscription.leases.size < subscription.concurrency) {
+      const message = subscription.take(now);
+      if (message === undefined) break;
       this.#start(subscription, message, now);
     }
     this.#afterChange();
@@ -136,7 +137,10 @@ export class DeliveryLoop {
       const { message } = lease;
       const once = message.onSettled !== undefined;
       if (once) remove(subscription, message);
-      else message.visibleAt = lease.expiresAt;
+      else {
+        message.visibleAt = lease.expiresAt;
+        subscription.wait(message, now);
+      }
       const result = {
         outcome: "thrown",
         error: `the delivery did not settle within the visibility timeout of ${this.#visibilityTimeoutMs} ms; treated as a crash, ${once ? "the message was to be delivered once and is dropped" : "the message is delivered again"}`,
@@ -188,6 +192,7 @@ export class DeliveryLoop {
           ? result.retryAfterMs
           : this.#visibilityTimeoutMs;
       message.visibleAt = now + delay;
+      subscription.wait(message, now);
       // A deferral (rate limit, handler never started) is not an attempt: the
       // next delivery keeps this count, and knows one more deferral preceded it.
       if (!result.spendsAttempt) {
@@ -196,11 +201,11 @@ export class DeliveryLoop {
       }
     } else {
       message.visibleAt = now + this.#visibilityTimeoutMs;
+      subscription.wait(message, now);
     }
   }
 }
 
 function remove(subscription: Subscription, message: Message): void {
-  const index = subscription.messages.indexOf(message);
-  if (index >= 0) subscription.messages.splice(index, 1);
+  subscription.delete(message);
 }

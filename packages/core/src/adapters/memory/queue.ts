@@ -175,7 +175,7 @@ class InMemoryQueue implements MemoryQueue {
     // The wait is over before the delivery settled: the message leaves for good.
     const endWait = () => {
       end();
-      const message = lane.messages.find((m) => m.id === messageId);
+      const message = lane.once(messageId);
       if (!message) return; // it settled meanwhile, and said so
       const started = message.lease !== undefined;
       this.#delivery.abandon(lane, message);
@@ -232,7 +232,7 @@ class InMemoryQueue implements MemoryQueue {
       this.#routes.hold(queue, copy());
     } else {
       // Each consumer of a queue gets its own copy, like consumer groups.
-      for (const subscription of subscriptions) subscription.messages.push(copy());
+      for (const subscription of subscriptions) subscription.add(copy(), now);
       if (lane) this.#delivery.pump(lane);
       else this.#pumpQueue(queue);
     }

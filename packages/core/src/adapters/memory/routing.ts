@@ -83,9 +83,11 @@ export class Routes {
     replayLane.live = subscription;
     const held = this.#unrouted.get(consumer.queue);
     if (held) {
-      const mine = held.filter((m) => m.target === undefined || m.target === consumer.name);
-      for (const m of mine) (m.replay && m.target !== undefined ? replayLane : subscription).messages.push(m);
-      const rest = held.filter((m) => !mine.includes(m));
+      const rest: Message[] = [];
+      for (const m of held) {
+        if (m.target !== undefined && m.target !== consumer.name) rest.push(m);
+        else (m.replay && m.target !== undefined ? replayLane : subscription).add(m);
+      }
       if (rest.length > 0) this.#unrouted.set(consumer.queue, rest);
       else this.#unrouted.delete(consumer.queue);
     }
@@ -98,7 +100,7 @@ export class Routes {
   /** Messages not yet acknowledged, per queue and consumer, held ones included. */
   pending(): number {
     let count = 0;
-    for (const s of this.all()) count += s.messages.length;
+    for (const s of this.all()) count += s.size;
     for (const held of this.#unrouted.values()) count += held.length;
     return count;
   }

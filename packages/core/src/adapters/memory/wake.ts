@@ -107,11 +107,9 @@ export class Wakeups {
       // expired meanwhile is reaped now. Were either left out, no timer would
       // start it and drain() would wait forever.
       const startable = s.leases.size < s.concurrency && !(s.live && waiting(s.live, now));
-      for (const m of s.messages) {
-        if (m.inFlight) continue;
-        if (m.visibleAt > now) consider(m.visibleAt);
-        else if (startable) due(now);
-      }
+      if (startable && waiting(s, now)) due(now);
+      const visibleAt = s.nextVisibleAt(now);
+      if (visibleAt !== undefined) consider(visibleAt);
       for (const lease of s.leases) due(Math.max(lease.expiresAt, now));
     }
     // A message visible now without a free slot waits for one: it frees when a
@@ -123,9 +121,9 @@ export class Wakeups {
   afterChange(): void {
     if (!this.#busy()) this.wakeWaiters();
     if (this.#clock.onAdvance || this.#isClosed()) return;
-    // Finding the next due time looks at every held message: at most once per
-    // RESCAN_MS (a burst of deliveries, thousands of messages waiting, would
-    // otherwise scan them all after every delivery). A message coming due in
+    // Finding the next due time looks at every lane and lease (each lane's
+    // earliest message is the top of a heap): at most once per RESCAN_MS, so
+    // a burst of deliveries re-arms the timer once, not after every one. A message coming due in
     // between starts at most RESCAN_MS late; the pump after each delivery
     // starts what is due anyway.
     const sinceScan = performance.now() - this.#scannedAt;
@@ -161,7 +159,7 @@ export class Wakeups {
       if (s.leases.size >= s.concurrency) continue;
       // A replay lane yielding to live messages that wait for a slot cannot start anything now.
       if (s.live && waiting(s.live, now)) continue;
-      if (s.messages.some((m) => !m.inFlight && m.visibleAt <= now)) return true;
+      if (waiting(s, now)) return true;
     }
     return false;
   }
