@@ -17,6 +17,7 @@ const FAULT_FILES = [
   "src/ops/ops-scale.test.ts", // 200,000 dead letters
   "src/ops/batch-controls.test.ts", // controls landing while a paced runner waits, on the real clock
   "src/limits/upstash.test.ts", // three worker processes against one Redis bucket
+  "src/alerts/betterstack/betterstack.test.ts", // a fleet of alerting worker processes against one ingest server
   "src/lanes/upstash.test.ts", // another process fills and drains the backlog
   "test/connection-faults.test.ts", // a cluster of its own, restarted under a worker process
   "test/database-down.test.ts", // a cluster of its own, stopped while a letter is due
