@@ -444,7 +444,7 @@ export function describeDemo(summary: DemoSummary): string[] {
   lines.push("");
   lines.push("Where to look next:");
   if (summary.database === "pglite") {
-    lines.push("  - keep what a run leaves, to query it: run it on a database of your own (README, Quick start):");
+    lines.push("  - keep what a run leaves, to query it: run it on a database of your own (README, Database):");
     lines.push("      createdb -h 127.0.0.1 -U postgres softcrum_dev");
     lines.push(`      export DATABASE_URL=${DEMO_OWN_DATABASE_URL}`);
     lines.push("      pnpm db:migrate && pnpm demo");
