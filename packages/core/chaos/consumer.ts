@@ -19,7 +19,10 @@ export type ChaosData = z.output<typeof chaosSchema>;
 /** Handler bound, in ms: a hung handler is aborted after this. */
 export const CHAOS_TIMEOUT_MS = 1_500;
 
-export function chaosConsumer(handle: ConsumerDefinition<typeof chaosSchema>["handle"]) {
+export function chaosConsumer(
+  handle: ConsumerDefinition<typeof chaosSchema>["handle"],
+  batch?: ChaosWorkerConfig["batch"],
+) {
   return defineConsumer({
     name: CHAOS_CONSUMER,
     queue: CHAOS_QUEUE,
@@ -32,6 +35,7 @@ export function chaosConsumer(handle: ConsumerDefinition<typeof chaosSchema>["ha
     // Few customers: their ordering keys collide all the time.
     orderingKey: (data) => data.customer,
     handle,
+    ...(batch === undefined ? {} : { batch }),
   });
 }
 
@@ -51,6 +55,12 @@ export interface ChaosWorkerConfig {
   readonly timeoutMs: number;
   /** The database driver of this worker: the engine's contract must hold on each (#18). @default "postgres.js" */
   readonly driver?: "postgres.js" | "node-postgres";
+  /**
+   * Batched work transactions (#23): the deliveries this worker has in
+   * flight at once share a transaction, and a SIGKILL lands mid-batch.
+   * @default none (one transaction per job)
+   */
+  readonly batch?: { readonly maxSize: number; readonly maxWaitMs: number };
   /**
    * The file this worker process (this generation of its slot) appends its
    * delivery records to, one JSON line each (`DeliveryRecord`), written

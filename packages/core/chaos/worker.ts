@@ -122,7 +122,7 @@ const consumer = chaosConsumer(async (data, ctx) => {
   } finally {
     if (stage) stage.stage = "after handler";
   }
-});
+}, config.batch);
 
 async function handle(data: ChaosData, { tx, envelope }: HandlerContext): Promise<void> {
   // The operator fixed what made this job fail before replaying it (chaos.ts

@@ -2,6 +2,7 @@ import type { z } from "zod";
 import { alertErrorFields } from "./alerts/redact.ts";
 import { AlertSender } from "./alerts/sender.ts";
 import { Context } from "./context.ts";
+import { batchedWorkTransactionFor } from "./db/batch.ts";
 import { upsertDeadLetter } from "./db/dead-letter-write.ts";
 import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
 import { postgresTransportHolds } from "./db/transport-holds.ts";
@@ -140,7 +141,11 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     this.deliveryBoundMs = deliveryBoundMs(consumer);
     this.#db = deps.db;
     this.holds = postgresTransportHolds(deps.db, consumer.name, consumer.timeoutMs);
-    this.#runInWorkTransaction = workTransactionFor(deps.db, { pipeline: deps.pipeline !== false });
+    const pipeline = deps.pipeline !== false;
+    this.#runInWorkTransaction =
+      consumer.batch === undefined || consumer.batch.maxSize === 1
+        ? workTransactionFor(deps.db, { pipeline })
+        : batchedWorkTransactionFor(deps.db, { pipeline, batch: consumer.batch });
     // Observers never change an outcome: every call to them is guarded (ports/observers.ts).
     this.#logger = guardedLogger(deps.logger ?? consoleLogger, this.observerFailures);
     this.#metrics = guardedMetrics(deps.metrics ?? noopMetrics, this.observerFailures, this.#logger);

@@ -5,6 +5,7 @@
  */
 import type { z } from "zod";
 import type { HandlerContext } from "./context.ts";
+import { type BatchOptions, checkBatchOptions } from "./db/batch.ts";
 import { ENVELOPE_FIELD_MAX, type Envelope } from "./envelope.ts";
 import { InvalidConfigError } from "./errors.ts";
 import { parseLaneQueue } from "./lanes/names.ts";
@@ -78,6 +79,19 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    * (every consumer of a lane queue does). @default 0
    */
   readonly yieldAbove?: number;
+  /**
+   * Run deliveries that arrive together in one work transaction: up to
+   * `maxSize` jobs, gathered for up to `maxWaitMs` — one multi-row fence
+   * insert, a savepoint per job, one COMMIT (`db/batch.ts`). Every rule holds
+   * per job: a handler that throws is undone alone and classified as usual,
+   * duplicates and pending letters are found per job, a batch never holds two
+   * jobs of one ordering key. The batch shares one budget of `timeoutMs`, so
+   * batch consumers whose handlers are short (a few queries); a handler may
+   * not end the transaction itself (COMMIT through `tx` is refused).
+   * A delivery's bound (`deliveryBoundMs`) grows by `maxWaitMs`.
+   * @default none: one transaction per job
+   */
+  readonly batch?: BatchOptions;
 }
 
 export interface Consumer<TSchema extends z.ZodType = z.ZodType> extends ConsumerDefinition<TSchema> {
@@ -129,6 +143,7 @@ export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDe
     );
   }
   const limits = checkLimits(definition.limits, owner);
+  const batch = checkBatchOptions(definition.batch, owner);
   if (definition.yieldAbove !== undefined) {
     if (parseLaneQueue(definition.queue)?.lane !== "marketing") {
       throw new InvalidConfigError(
@@ -142,6 +157,7 @@ export function defineConsumer<TSchema extends z.ZodType>(definition: ConsumerDe
   return Object.freeze({
     ...definition,
     ...(limits.length > 0 ? { limits } : {}),
+    ...(batch === undefined ? {} : { batch }),
     timeoutMs,
     deferralHorizonMs,
     kinds: new Set(kindList),

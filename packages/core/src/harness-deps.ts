@@ -73,7 +73,8 @@ export interface HarnessDeps {
 }
 
 /**
- * The longest one delivery of this consumer can take, the real sum: its work
+ * The longest one delivery of this consumer can take, the real sum: the wait
+ * for its batch to form (a batched consumer's `batch.maxWaitMs`), its work
  * transaction (one budget of `timeoutMs`, from asking for a connection to
  * COMMIT's answer), ROLLBACK's allowance after a failure, then the dead-letter
  * decision (bounded by `timeoutMs` too, its connection included). A transport
@@ -81,8 +82,8 @@ export interface HarnessDeps {
  * (`checkDeliveryBound`): a delivery is never still going when its message is
  * delivered again.
  */
-export function deliveryBoundMs(consumer: Pick<Consumer, "timeoutMs">): number {
-  return runBoundMs(consumer.timeoutMs) + consumer.timeoutMs;
+export function deliveryBoundMs(consumer: Pick<Consumer, "timeoutMs"> & Partial<Pick<Consumer, "batch">>): number {
+  return (consumer.batch?.maxWaitMs ?? 0) + runBoundMs(consumer.timeoutMs) + consumer.timeoutMs;
 }
 
 /**
@@ -91,7 +92,7 @@ export function deliveryBoundMs(consumer: Pick<Consumer, "timeoutMs">): number {
  * exists; plus an allowance for clocks: the worker's clock measures a copy's
  * age, the database's stamps and expires fences.
  */
-export function fenceTtlMarginMs(consumer: Pick<Consumer, "timeoutMs">): number {
+export function fenceTtlMarginMs(consumer: Pick<Consumer, "timeoutMs"> & Partial<Pick<Consumer, "batch">>): number {
   return deliveryBoundMs(consumer) + FENCE_TTL_CLOCK_ALLOWANCE_MS;
 }
 /** What fenceTtlMarginMs allows for the difference between the workers' clocks and the database's. */

@@ -47,6 +47,14 @@ export interface DriverConnection {
    */
   readonly provesByStatus: boolean;
   /**
+   * Whether a failed statement undone with ROLLBACK TO SAVEPOINT leaves the
+   * rest of the transaction free to commit, so a batch can undo one job
+   * alone (`batch.ts`). Not on postgres.js's own `begin()`, which fails the
+   * whole transaction after any failed statement: a batch runs there one job
+   * per transaction.
+   */
+  readonly batches: boolean;
+  /**
    * Opens the transaction (`opening`), then runs `statements` in it, in this
    * order, all sent at once where the driver can pipeline. Settles the
    * opening and then each statement (so the result has one more entry than
@@ -94,7 +102,7 @@ export interface Driver {
   readonly drizzle: { readonly dialect: unknown; readonly schema: unknown; readonly options: unknown };
 }
 
-/** Closed by the engine when a run is over; every query of the handler asks it first. */
+/** Closed by the engine when a run is over; every query of the handler asks it first, with the query's text. */
 export class Gate {
   #over = false;
   get over(): boolean {
@@ -104,9 +112,14 @@ export class Gate {
     this.#over = true;
   }
   /** Throws WorkTransactionOverError once closed. */
-  check(): void {
+  check(_text?: unknown): void {
     if (this.#over) throw new WorkTransactionOverError();
   }
+}
+
+/** The text of a query as a driver's client is given it: a string, or a config object with `text`. */
+export function queryText(query: unknown): unknown {
+  return typeof query === "string" ? query : (query as { text?: unknown } | null | undefined)?.text;
 }
 
 /** Drizzle's internals of a database: present on every PgDatabase at run time, not in its public types. */

@@ -37,3 +37,18 @@ export class WorkTransactionOverError extends Error {
     this.name = "WorkTransactionOverError";
   }
 }
+
+/**
+ * The batched work transaction this job was part of was rolled back because
+ * of another job of the batch (its handler ran past the batch's budget, or
+ * the connection broke under it): this job's work was undone with it. No
+ * attempt is spent — the job itself did not fail — so it is deferred like a
+ * job whose handler never started.
+ */
+export class BatchAbortedError extends WorkNotStartedError {
+  constructor(cause: unknown) {
+    super(cause);
+    this.message = `the batch this job ran in was rolled back, and its work with it, through no failure of its own: ${cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause)}`;
+    this.name = "BatchAbortedError";
+  }
+}

@@ -72,7 +72,7 @@ export interface FenceTarget {
 }
 
 /** Used when a target names no `timeoutMs`. */
-const DEFAULT_TIMEOUT_MS = 25_000;
+export const DEFAULT_TIMEOUT_MS = 25_000;
 
 export type WorkOutcome =
   /** The fence was new, the work ran, and the commit is proven. */
@@ -114,7 +114,11 @@ export function driverFor(db: AnyPgDatabase, options: WorkTransactionOptions = {
 
 export function workTransactionFor(db: AnyPgDatabase, options: WorkTransactionOptions = {}): RunInWorkTransaction {
   const driver = driverFor(db, options);
-  const openings = new Openings();
+  return singleRunner(driver, new Openings());
+}
+
+/** One job per work transaction on `driver` (the batched runner's too, for a batch of one). */
+export function singleRunner(driver: Driver, openings: Openings): RunInWorkTransaction {
   return async (target, work) => {
     const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     const deadline = new Deadline(timeoutMs);
@@ -171,7 +175,7 @@ const OPEN_XID_SQL = "select pg_current_xact_id_if_assigned()::text as xid";
  * simple-protocol message: no planning and no round trip of their own (a
  * statement of its own per job cost about a tenth of the harness's rate).
  */
-class Openings {
+export class Openings {
   /** The session's own bounds in ms (0: none), once a run has read them. */
   #session: { readonly statement: number; readonly idle: number } | undefined;
   #last: { readonly timeoutMs: number; readonly opening: Opening } | undefined;
@@ -231,7 +235,7 @@ function serverTimeoutMs(timeoutMs: number): number {
 const SERVER_GRACE_MS = 1_000;
 
 /** The outcome of a pending letter found with the fence (detail "<id> <class>"). */
-function letterOutcome(detail: string): WorkOutcome {
+export function letterOutcome(detail: string): WorkOutcome {
   const [deadLetterId, errorClass] = detail.split(" ");
   return { status: "dead_lettered", deadLetterId: deadLetterId ?? "unknown", errorClass: errorClass ?? "unknown" };
 }
@@ -262,7 +266,7 @@ export class RunSignal {
  * a wait that begins after it fired ends at once the same way. This runs per
  * job, so it makes no timer or race per wait (#8: ratio_raw).
  */
-class Deadline {
+export class Deadline {
   readonly #ms: number;
   #timer: NodeJS.Timeout | undefined;
   #expire: (() => void) | undefined;
@@ -354,7 +358,7 @@ export function runBoundMs(timeoutMs: number): number {
  * A connection within the deadline, else WorkNotStartedError (the delivery
  * is deferred). One that arrives after we gave up goes straight back.
  */
-async function acquireWithin(driver: Driver, deadline: Deadline, ms: number): Promise<DriverConnection> {
+export async function acquireWithin(driver: Driver, deadline: Deadline, ms: number): Promise<DriverConnection> {
   let gaveUp = false;
   const acquiring = driver.acquire();
   try {
@@ -369,16 +373,20 @@ async function acquireWithin(driver: Driver, deadline: Deadline, ms: number): Pr
 }
 
 /** BEGIN, lock and fence did not all answer in time; the connection was destroyed. */
-class StartTimeoutError extends Error {
+export class StartTimeoutError extends Error {
   constructor(ms: number) {
     super(`BEGIN, the ordering lock and the fence did not answer within ${ms} ms`);
     this.name = "StartTimeoutError";
   }
 }
 
-type EndState = "idle" | "rollback" | "destroy";
+/** How a run's connection ends (`finish`): released as it is, after ROLLBACK, or destroyed. */
+export type EndState = "idle" | "rollback" | "destroy";
+export interface RunEnd {
+  state: EndState;
+}
 
-async function runOn(
+export async function runOn(
   driver: Driver,
   conn: DriverConnection,
   openings: Openings,
@@ -387,36 +395,17 @@ async function runOn(
   target: FenceTarget,
   work: Parameters<RunInWorkTransaction>[1],
 ): Promise<WorkOutcome> {
-  let state: EndState = "rollback";
+  const end: RunEnd = { state: "rollback" };
   try {
-    let fence: { detail?: unknown; xid?: unknown } | undefined;
-    try {
-      // Bounded like the handler: a lock held elsewhere (the ordering key,
-      // the fence key of a copy still running) or a wedged connection must
-      // not hold the delivery forever. Past the bound the connection's state
-      // is unknown (a statement may still be waiting on the server), so it
-      // is destroyed; the delivery is deferred, no attempt spent.
-      const opening = openings.for(timeoutMs);
-      const statements: Statement[] = [];
-      if (opening === undefined) statements.push({ text: BOUNDS_SQL, params: [serverTimeoutMs(timeoutMs)] });
-      if (target.lockKey !== undefined) statements.push({ text: LOCK_SQL, params: [target.lockKey] });
-      statements.push({
-        text: conn.provesByStatus ? FENCE_SQL : FENCE_XID_SQL,
-        params: [target.jobId, target.consumer],
-      });
-      const settled = await deadline.within(conn.start(opening ?? BARE_OPENING, statements), () => {
-        conn.destroy();
-        return new StartTimeoutError(timeoutMs);
-      });
-      for (const s of settled) if (s.status === "rejected") throw s.reason;
-      if (opening === undefined) openings.learn((settled[1] as PromiseFulfilledResult<Answer> | undefined)?.value);
-      const fenced = settled[settled.length - 1];
-      if (fenced?.status !== "fulfilled") throw new Error("the fence insert did not answer");
-      fence = fenced.value[0];
-    } catch (error) {
-      if (error instanceof StartTimeoutError) state = "destroy"; // already destroyed: nothing to roll back
-      throw new WorkNotStartedError(error);
-    }
+    const statements: Statement[] = [];
+    if (target.lockKey !== undefined) statements.push({ text: LOCK_SQL, params: [target.lockKey] });
+    statements.push({
+      text: conn.provesByStatus ? FENCE_SQL : FENCE_XID_SQL,
+      params: [target.jobId, target.consumer],
+    });
+    const fence: { detail?: unknown; xid?: unknown } | undefined = (
+      await openWork(conn, openings, deadline, timeoutMs, statements, end)
+    )[0];
     // A pending letter: nothing runs, the fence (if written) is rolled back.
     if (typeof fence?.detail === "string") return letterOutcome(fence.detail);
     if (fence === undefined) return { status: "duplicate" };
@@ -429,78 +418,147 @@ async function runOn(
     // timeout, a savepoint or a query builder it kept) is refused, never run
     // after our COMMIT/ROLLBACK outside the transaction.
     const gate = new Gate();
-    const tx = handlerTransaction(driver, conn, gate);
-    try {
-      await bounded(
-        deadline,
-        timeoutMs,
-        (signal) => work(tx, signal),
-        () => {
-          // The handler may still be running and sending on this connection:
-          // destroy it now, so nothing it sends later can run anywhere.
-          gate.close();
-          state = "destroy";
-          conn.destroy();
-        },
-      );
-    } finally {
-      gate.close();
-    }
-
-    // The transaction the fence was written in is still open.
-    if (conn.provesByStatus) {
-      // The patched reservation refuses to send once its socket closed (no
-      // reconnected session), and the last ReadyForQuery says 'T' (the
-      // handler did not end it with its own COMMIT or ROLLBACK).
-      const status = conn.transactionStatus();
-      if (status !== "T" && status !== "E") {
-        state = status === "I" ? "idle" : "destroy";
-        throw new UnprovenCommitError(
-          status === "I"
-            ? "the handler ended the work transaction itself (COMMIT or ROLLBACK through tx)"
-            : "the connection closed while the handler ran",
-        );
-      }
-    } else {
-      // Same transaction id. Also raises on an aborted transaction (25P02):
-      // if the handler caught the error of a failed statement, the job is
-      // retried rather than acknowledged with nothing done.
-      const open = await deadline.within(conn.query({ text: OPEN_XID_SQL }), () => {
-        state = "destroy";
-        conn.destroy();
-        return new UnprovenCommitError(`no answer to the commit check within ${timeoutMs} ms`);
-      });
-      if (open[0]?.["xid"] !== fence.xid) {
-        throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
-      }
-    }
-    // COMMIT is sent only within the budget: once it is spent the run is
-    // over, and a COMMIT sent now would make an outcome nobody waits for.
-    if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
-    let committed: string | undefined;
-    try {
-      committed = await deadline.within(
-        conn.commit(),
-        () => new UnprovenCommitError(`no answer to COMMIT within ${timeoutMs} ms`),
-      );
-    } catch (error) {
-      // A lost COMMIT reply: the job may or may not have committed. Not a
-      // success; the retry finds the fence if it did.
-      state = "destroy";
-      throw error;
-    }
-    state = "idle";
-    // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
-    // error: a statement failed and the handler caught its error. Nothing
-    // was written, so the job must not be acknowledged as done.
-    if (committed !== "COMMIT") {
-      throw new Error(
-        "the work transaction was rolled back: a statement failed inside it and the handler caught its error",
-      );
-    }
+    await runHandler(driver, conn, gate, deadline, timeoutMs, work, end);
+    await commitWork(conn, deadline, timeoutMs, fence.xid, end);
     return { status: "committed" };
   } finally {
-    await finish(conn, state);
+    await finish(conn, end.state);
+  }
+}
+
+/**
+ * Opens the work transaction on `conn` — BEGIN at the harness's isolation
+ * level with its bounds (the first run of a pool reads the session's own),
+ * then `statements` (the ordering lock, the fence), pipelined where the
+ * driver can — and returns the last statement's answer (the fence's rows).
+ * Bounded like the handler: a lock held elsewhere (the ordering key, the
+ * fence key of a copy still running) or a wedged connection must not hold
+ * the delivery forever. Past the bound the connection's state is unknown (a
+ * statement may still be waiting on the server), so it is destroyed. Any
+ * failure is WorkNotStartedError: the delivery is deferred, no attempt spent.
+ */
+export async function openWork(
+  conn: DriverConnection,
+  openings: Openings,
+  deadline: Deadline,
+  timeoutMs: number,
+  statements: readonly Statement[],
+  end: RunEnd,
+): Promise<Answer> {
+  try {
+    const opening = openings.for(timeoutMs);
+    const all =
+      opening === undefined ? [{ text: BOUNDS_SQL, params: [serverTimeoutMs(timeoutMs)] }, ...statements] : statements;
+    const settled = await deadline.within(conn.start(opening ?? BARE_OPENING, all), () => {
+      conn.destroy();
+      return new StartTimeoutError(timeoutMs);
+    });
+    for (const s of settled) if (s.status === "rejected") throw s.reason;
+    if (opening === undefined) openings.learn((settled[1] as PromiseFulfilledResult<Answer> | undefined)?.value);
+    const last = settled[settled.length - 1];
+    if (last?.status !== "fulfilled") throw new Error("the fence insert did not answer");
+    return last.value;
+  } catch (error) {
+    if (error instanceof StartTimeoutError) end.state = "destroy"; // already destroyed: nothing to roll back
+    throw new WorkNotStartedError(error);
+  }
+}
+
+/**
+ * Runs one handler on the connection behind `gate` within the run's budget;
+ * the gate is closed when it returns or throws. Past the budget the handler
+ * may still be running and sending on this connection: it is destroyed at
+ * once, so nothing it sends later can run anywhere.
+ */
+export async function runHandler(
+  driver: Driver,
+  conn: DriverConnection,
+  gate: Gate,
+  deadline: Deadline,
+  timeoutMs: number,
+  work: Parameters<RunInWorkTransaction>[1],
+  end: RunEnd,
+): Promise<void> {
+  const tx = handlerTransaction(driver, conn, gate);
+  try {
+    await bounded(
+      deadline,
+      timeoutMs,
+      (signal) => work(tx, signal),
+      () => {
+        gate.close();
+        end.state = "destroy";
+        conn.destroy();
+      },
+    );
+  } finally {
+    gate.close();
+  }
+}
+
+/**
+ * Proves that the transaction the fence was written in is still open, then
+ * sends COMMIT and requires it to answer `COMMIT`; throws otherwise (the
+ * delivery is retried: the fence decides whether the work committed).
+ * `fenceXid` is the transaction id the fence's insert answered, on a driver
+ * whose connections cannot report their transaction status.
+ */
+export async function commitWork(
+  conn: DriverConnection,
+  deadline: Deadline,
+  timeoutMs: number,
+  fenceXid: unknown,
+  end: RunEnd,
+): Promise<void> {
+  if (conn.provesByStatus) {
+    // The patched reservation refuses to send once its socket closed (no
+    // reconnected session), and the last ReadyForQuery says 'T' (the
+    // handler did not end it with its own COMMIT or ROLLBACK).
+    const status = conn.transactionStatus();
+    if (status !== "T" && status !== "E") {
+      end.state = status === "I" ? "idle" : "destroy";
+      throw new UnprovenCommitError(
+        status === "I"
+          ? "the handler ended the work transaction itself (COMMIT or ROLLBACK through tx)"
+          : "the connection closed while the handler ran",
+      );
+    }
+  } else {
+    // Same transaction id. Also raises on an aborted transaction (25P02):
+    // if the handler caught the error of a failed statement, the job is
+    // retried rather than acknowledged with nothing done.
+    const open = await deadline.within(conn.query({ text: OPEN_XID_SQL }), () => {
+      end.state = "destroy";
+      conn.destroy();
+      return new UnprovenCommitError(`no answer to the commit check within ${timeoutMs} ms`);
+    });
+    if (open[0]?.["xid"] !== fenceXid) {
+      throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
+    }
+  }
+  // COMMIT is sent only within the budget: once it is spent the run is
+  // over, and a COMMIT sent now would make an outcome nobody waits for.
+  if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
+  let committed: string | undefined;
+  try {
+    committed = await deadline.within(
+      conn.commit(),
+      () => new UnprovenCommitError(`no answer to COMMIT within ${timeoutMs} ms`),
+    );
+  } catch (error) {
+    // A lost COMMIT reply: the job may or may not have committed. Not a
+    // success; the retry finds the fence if it did.
+    end.state = "destroy";
+    throw error;
+  }
+  end.state = "idle";
+  // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
+  // error: a statement failed and the handler caught its error. Nothing
+  // was written, so the job must not be acknowledged as done.
+  if (committed !== "COMMIT") {
+    throw new Error(
+      "the work transaction was rolled back: a statement failed inside it and the handler caught its error",
+    );
   }
 }
 
@@ -508,7 +566,7 @@ async function runOn(
  * Ends the connection's part in this run. It goes back to the pool only when
  * its own answer to ROLLBACK says no transaction is left open on it.
  */
-async function finish(conn: DriverConnection, state: EndState): Promise<void> {
+export async function finish(conn: DriverConnection, state: EndState): Promise<void> {
   if (state === "rollback") {
     let timer: NodeJS.Timeout | undefined;
     const answered = await Promise.race([
@@ -533,7 +591,7 @@ async function finish(conn: DriverConnection, state: EndState): Promise<void> {
  * the driver, and a nested `tx.transaction()` is a savepoint sent through the
  * same gate.
  */
-function handlerTransaction(driver: Driver, conn: DriverConnection, gate: Gate): WorkTransaction {
+export function handlerTransaction(driver: Driver, conn: DriverConnection, gate: Gate): WorkTransaction {
   const { dialect, schema, options } = driver.drizzle;
   const session = new driver.Session(conn.handlerClient(gate), dialect, schema, options);
   return new SavepointTransaction({ dialect, session, schema }, 0) as unknown as WorkTransaction;

@@ -15,6 +15,8 @@ export interface HeldOps<Tx> {
   handlerClient(tx: Tx, gate: Gate): unknown;
   /** The command tag COMMIT answered, from what the driver's transaction call resolved with or threw. */
   committed(outcome: PromiseSettledResult<unknown>): string | undefined;
+  /** See `DriverConnection.batches`. @default true */
+  readonly batches?: boolean;
 }
 
 const ROLL_BACK = new Error("rolled back by the work-transaction engine");
@@ -54,6 +56,7 @@ export function heldConnection<Tx>(
       return {
         // The driver's callback transaction gives no status of its own: proven by transaction id.
         provesByStatus: false,
+        batches: ops.batches !== false,
         start: async (opening, statements) => {
           const results: PromiseSettledResult<Answer>[] = [];
           try {

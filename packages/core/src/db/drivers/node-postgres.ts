@@ -13,6 +13,7 @@ import {
   type DriverConnection,
   type DrizzleInternals,
   type Gate,
+  queryText,
   type Statement,
   sendInOrder,
   sessionKind,
@@ -96,6 +97,7 @@ function connection(client: PoolClient): DriverConnection {
     client.query(text, params ? [...params] : undefined).then(answer);
   return {
     provesByStatus: false,
+    batches: true,
     start: (opening, statements) => sendInOrder([{ text: opening.begin }, ...statements], run),
     query: run,
     transactionStatus: () => null,
@@ -134,7 +136,7 @@ class GatedClient {
   ) {}
 
   query(config: unknown, params?: unknown[]): Promise<PgResult> {
-    this.gate.check();
+    this.gate.check(queryText(config));
     return this.client.query(config, params);
   }
 }

@@ -51,7 +51,7 @@ class GatedClient {
   ) {}
 
   query(text: string, params?: unknown[], options?: unknown) {
-    this.gate.check();
+    this.gate.check(text);
     return this.tx.query(text, params, options);
   }
 }

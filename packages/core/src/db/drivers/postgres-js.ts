@@ -88,6 +88,9 @@ export function postgresJsDriver(db: unknown, options: { readonly pipeline: bool
         // begin() resolves once COMMIT answered; the engine proved before it
         // that the transaction was open and not failed.
         committed: (outcome) => (outcome.status === "fulfilled" ? "COMMIT" : undefined),
+        // begin() rejects at the end with any statement's error, even one a
+        // savepoint undid: one failing job would fail its whole batch.
+        batches: false,
       }),
   };
 
@@ -99,6 +102,7 @@ export function postgresJsDriver(db: unknown, options: { readonly pipeline: bool
 class ReservedConnection implements DriverConnection {
   /** The patched reservation reports its last ReadyForQuery's status, null once its socket closed. */
   readonly provesByStatus = true;
+  readonly batches = true;
   constructor(
     private readonly conn: ReservedClient,
     private readonly prepare: boolean,
@@ -167,7 +171,7 @@ class GatedClient {
   // before it runs. Drizzle calls this inside async functions, so the
   // refusal reaches the handler as a rejected query.
   unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows> {
-    this.gate.check();
+    this.gate.check(query);
     return this.conn.unsafe(query, params, options);
   }
 }

@@ -1,0 +1,320 @@
+/**
+ * Batched work transactions (#23 item 1) hold every rule of SPEC §4 per job,
+ * on every driver and at every database default isolation level: jobs that
+ * arrive together commit in one transaction, and each one's outcome is the
+ * one it would have had alone.
+ */
+import { sql } from "drizzle-orm";
+import { describe, expect, test } from "vitest";
+import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
+import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
+import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
+import { createEnvelope, type Envelope } from "../envelope.ts";
+import { PermanentError, RateLimitedError } from "../errors.ts";
+import type { BoundConsumer, DeliveryResult } from "../queue-port.ts";
+
+// postgres.js without the #1208 patch has its own cases below.
+// Read committed and serializable: the engine pins its own level, and the
+// single-job contract covers repeatable read on every driver.
+const matrix = useDriverMatrix("batch-contract", {
+  drivers: ["postgres.js", "node-postgres", "PGlite"],
+  isolations: ["read committed", "serializable"],
+});
+const unpatched = useDriverMatrix("batch-contract-unpatched", {
+  drivers: ["postgres.js unpatched"],
+  isolations: ["read committed"],
+});
+const consumer = testConsumers("batch");
+const BATCH = { maxSize: 8, maxWaitMs: 30 } as const;
+
+type Handler = ConsumerDefinition<typeof testJobSchema>["handle"];
+/** A batched consumer whose handler writes one effect per run, then does `then` (by job number). */
+function batched(then: (n: number, tx: Parameters<Handler>[1]["tx"]) => Promise<void> = async () => {}, extra = {}) {
+  const runs: number[] = [];
+  const definition = consumer(
+    async (data, { tx, envelope }) => {
+      runs.push(data.n);
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      await then(data.n, tx);
+    },
+    { batch: BATCH, ...extra },
+  );
+  return { definition, runs };
+}
+const job = (n: number) => createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } });
+const jobs = (count: number, from = 1) => Array.from({ length: count }, (_, i) => job(from + i));
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Delivers every envelope at once (they gather into batches), in order. */
+function together(bound: BoundConsumer, envelopes: readonly Envelope[], deliveryCount = 1): Promise<DeliveryResult[]> {
+  return Promise.all(envelopes.map((e) => bound.deliver({ body: JSON.stringify(e), deliveryCount })));
+}
+
+async function stateOf(c: DriverCase, envelopes: readonly Envelope[]) {
+  const ids = envelopes.map((e) => e.job_id);
+  const [row] = await c.rows<{ effects: number; fences: number; letters: number; transactions: number }>(
+    `select (select count(*)::int from test_effects where job_id = any($1::uuid[])) as effects,
+            (select count(*)::int from core.processed_jobs where job_id = any($1::uuid[])) as fences,
+            (select count(*)::int from core.dead_letters where job_id = any($1::text[]) and status = 'pending_review') as letters,
+            (select count(distinct xmin::text)::int from core.processed_jobs where job_id = any($1::uuid[])) as transactions`,
+    [ids],
+  );
+  return row;
+}
+
+describe.each(matrix)("on %s", (c) => {
+  test("8 jobs delivered together commit in one transaction; delivered again together, all 8 are duplicates that run nothing", async () => {
+    const { definition, runs } = batched();
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(8);
+    expect((await together(bound, batch)).map((r) => r.outcome)).toEqual(Array(8).fill("success"));
+    expect(await stateOf(c, batch)).toEqual({ effects: 8, fences: 8, letters: 0, transactions: 1 });
+    expect((await together(bound, batch, 2)).map((r) => r.outcome)).toEqual(Array(8).fill("duplicate"));
+    expect(runs).toHaveLength(8);
+  });
+
+  test("a copy of a job in the same burst never shares its batch: one success, one duplicate, one effect", async () => {
+    const { definition, runs } = batched();
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(6);
+    const copied = batch[2] as Envelope;
+    const outcomes = (await together(bound, [...batch, copied])).map((r) => r.outcome);
+    expect(outcomes.filter((o) => o === "success")).toHaveLength(6);
+    expect(outcomes.filter((o) => o === "duplicate")).toHaveLength(1);
+    expect(runs.filter((n) => n === 3)).toHaveLength(1);
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 6, fences: 6 });
+  });
+
+  test("a handler that throws is undone alone: its effect and fence are gone, the other 7 commit, and its retry applies it once", async () => {
+    let fail = true;
+    const { definition } = batched(async (n) => {
+      if (n === 4 && fail) throw new Error("partner down");
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(8);
+    const results = await together(bound, batch);
+    expect(results[3]).toMatchObject({ outcome: "retry", spendsAttempt: true });
+    expect(String((results[3] as { error?: unknown }).error)).toContain("partner down");
+    expect(results.filter((r) => r.outcome === "success")).toHaveLength(7);
+    expect(await stateOf(c, [batch[3] as Envelope])).toMatchObject({ effects: 0, fences: 0 });
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 7, fences: 7, transactions: 1 });
+    fail = false;
+    expect((await together(bound, batch, 2)).map((r) => r.outcome)).toEqual([
+      ...Array(3).fill("duplicate"),
+      "success",
+      ...Array(4).fill("duplicate"),
+    ]);
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 8, fences: 8, letters: 0 });
+  });
+
+  test("a PermanentError dead-letters its job alone and a rate limit defers its job alone (no attempt spent); the others commit", async () => {
+    const { definition } = batched(async (n) => {
+      if (n === 2) throw new PermanentError("account closed");
+      if (n === 5) throw new RateLimitedError("slow down", { retryAfterMs: 2_000 });
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(8);
+    const results = await together(bound, batch);
+    expect(results[1]).toMatchObject({ outcome: "dead_lettered", errorClass: "permanent" });
+    expect(results[4]).toMatchObject({ outcome: "rate_limited", spendsAttempt: false });
+    expect(results.filter((r) => r.outcome === "success")).toHaveLength(6);
+    expect(await stateOf(c, [batch[1] as Envelope])).toEqual({ effects: 0, fences: 0, letters: 1, transactions: 0 });
+    expect(await stateOf(c, [batch[4] as Envelope])).toMatchObject({ effects: 0, fences: 0, letters: 0 });
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 6, fences: 6 });
+  });
+
+  test("a handler that catches the error of a failed statement is undone alone and retried; the others commit", async () => {
+    const { definition } = batched(async (n, tx) => {
+      if (n === 6) await tx.execute(sql`select 1/0`).catch(() => {});
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(8);
+    const results = await together(bound, batch);
+    expect(results[5]).toMatchObject({ outcome: "retry", spendsAttempt: true });
+    expect(results.filter((r) => r.outcome === "success")).toHaveLength(7);
+    expect(await stateOf(c, [batch[5] as Envelope])).toMatchObject({ effects: 0, fences: 0 });
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 7, fences: 7, transactions: 1 });
+  });
+
+  test.each([
+    ["commit", sql`commit`],
+    ["a commit behind a comment", sql.raw("/* done */ COMMIT")],
+    ["rollback", sql`rollback`],
+    ["end", sql`end`],
+  ])(
+    "a handler that sends %s through tx is refused: no job of the batch is marked done without its work",
+    async (_, statement) => {
+      const { definition, runs } = batched(async (n, tx) => {
+        if (n === 3) await tx.execute(statement);
+      });
+      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+      const batch = jobs(8);
+      const results = await together(bound, batch);
+      expect(results[2]).toMatchObject({ outcome: "retry" });
+      expect(String((results[2] as { error?: string }).error)).toMatch(/refused/);
+      expect(results.filter((r) => r.outcome === "success")).toHaveLength(7);
+      // Every fence that exists has its effect: none was committed early by the handler.
+      const [orphans] = await c.rows<{ n: number }>(
+        `select count(*)::int as n from core.processed_jobs p where consumer = $1
+         and not exists (select 1 from test_effects e where e.job_id = p.job_id)`,
+        [definition.name],
+      );
+      expect(orphans?.n).toBe(0);
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 7, fences: 7 });
+      expect(runs).toHaveLength(8);
+    },
+  );
+
+  test("a nested tx.transaction() in a batched handler is a savepoint of its own: its failure rolls back only its writes", async () => {
+    const { definition } = batched(async (n, tx) => {
+      if (n !== 2) return;
+      await tx
+        .transaction(async (inner) => {
+          await inner
+            .insert(effects)
+            .values({ jobId: "00000000-0000-7000-8000-000000000000", consumer: "x", amount: 0 });
+          throw new Error("inner");
+        })
+        .catch(() => {});
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(4);
+    expect((await together(bound, batch)).map((r) => r.outcome)).toEqual(Array(4).fill("success"));
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 4, fences: 4, transactions: 1 });
+    const [inner] = await c.rows<{ n: number }>("select count(*)::int as n from test_effects where consumer = 'x'");
+    expect(inner?.n).toBe(0);
+  });
+
+  test("a job with a pending dead letter in a batch does not run and leaves no fence; the others commit", async () => {
+    const { definition, runs } = batched();
+    const batch = jobs(8);
+    const lettered = batch[4] as Envelope;
+    const failing = bindConsumer(
+      { ...definition, handle: async () => Promise.reject(new PermanentError("closed")) },
+      { db: c.db(1), logger: silentLogger },
+    );
+    expect(await failing.deliver({ body: JSON.stringify(lettered), deliveryCount: 1 })).toMatchObject({
+      outcome: "dead_lettered",
+    });
+    const results = await together(bindConsumer(definition, { db: c.db(2), logger: silentLogger }), batch, 2);
+    expect(results[4]).toMatchObject({ outcome: "dead_lettered", errorClass: "permanent" });
+    expect(results.filter((r) => r.outcome === "success")).toHaveLength(7);
+    expect(runs).not.toContain(5);
+    expect(await stateOf(c, [lettered])).toEqual({ effects: 0, fences: 0, letters: 1, transactions: 0 });
+  });
+
+  test("a handler past the batch's one budget is retried; the jobs of its batch are deferred without an attempt; nothing commits, and redelivered each applies once", async () => {
+    let hang = true;
+    const { definition } = batched(
+      async (n) => {
+        if (n === 3 && hang) await sleep(800);
+      },
+      { timeoutMs: 300 },
+    );
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(6);
+    const results = await together(bound, batch);
+    expect(results[2]).toMatchObject({ outcome: "retry", spendsAttempt: true });
+    expect(results.filter((r) => r.outcome === "deferred" && r.spendsAttempt === false)).toHaveLength(5);
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 0, fences: 0 });
+    hang = false;
+    await sleep(600); // the hung handler's late writes are refused, not run
+    expect((await together(bound, batch, 2)).map((r) => r.outcome)).toEqual(Array(6).fill("success"));
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 6, fences: 6 });
+  });
+
+  if (c.server) {
+    test("jobs of one ordering key never share a batch nor run at once; batches with the same keys in opposite orders never deadlock", async () => {
+      const running = new Map<string, number>();
+      let overlaps = 0;
+      const { definition } = batched(
+        async (n) => {
+          const key = `k${n % 2}`;
+          if (running.get(key)) overlaps += 1;
+          running.set(key, 1);
+          await sleep(15);
+          running.set(key, 0);
+        },
+        { orderingKey: (data: { n: number }) => `k${data.n % 2}` },
+      );
+      const bound = bindConsumer(definition, { db: c.db(4), logger: silentLogger });
+      // Delivered 1,2 | 4,3 | 5,6 | 8,7 …: each batch holds one job of each key, every other one in the opposite order.
+      const batch = jobs(16);
+      const reordered = batch.flatMap((_, i) =>
+        i % 2 === 1 ? [] : (i / 2) % 2 === 0 ? [batch[i], batch[i + 1]] : [batch[i + 1], batch[i]],
+      );
+      const results = await together(bound, reordered as Envelope[]);
+      expect(results.map((r) => r.outcome)).toEqual(Array(16).fill("success"));
+      expect(overlaps).toBe(0);
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 16, fences: 16 });
+    });
+
+    test("a backend terminated mid-batch: no job is a success, nothing lands, and redelivered each applies once", async () => {
+      let kill = true;
+      const { definition } = batched(async (n, tx) => {
+        if (n !== 4 || !kill) return;
+        kill = false;
+        const result = await tx.execute(sql`select pg_backend_pid() as pid`);
+        const rows = (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as { pid: number }[];
+        const pid = rows[0]?.pid;
+        await c.rows("select pg_terminate_backend($1)", [pid]);
+        await sleep(50);
+      });
+      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+      const batch = jobs(8);
+      const results = await together(bound, batch);
+      expect(results.filter((r) => r.outcome === "success")).toHaveLength(0);
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 0, fences: 0 });
+      const again = await together(bound, batch, 2);
+      expect(again.map((r) => r.outcome)).toEqual(Array(8).fill("success"));
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 8, fences: 8 });
+    });
+
+    test("two batches whose handlers deadlock each other: the job the server picks is undone alone and retried; every job ends with one effect", async () => {
+      await c.rows("create table if not exists batch_rows (id int primary key, v int not null default 0)");
+      await c.rows("insert into batch_rows (id) values (1), (2) on conflict do nothing");
+      const { definition } = batched(async (n, tx) => {
+        // Batch one: job 1 takes row 1, then job 2 row 2; batch two: job 3 takes row 2, then job 4 row 1.
+        const row = n === 1 || n === 4 ? 1 : 2;
+        await tx.execute(sql`update batch_rows set v = v + 1 where id = ${row}`);
+        if (n === 1 || n === 3) await sleep(150);
+      });
+      const bound = bindConsumer(definition, { db: c.db(4), logger: silentLogger });
+      const [j1, j2, j3, j4] = jobs(4);
+      const one = together(bound, [j1, j2] as Envelope[]);
+      await sleep(BATCH.maxWaitMs + 20); // batch one has gone: jobs 3 and 4 make batch two
+      const two = together(bound, [j3, j4] as Envelope[]);
+      const results = [...(await one), ...(await two)];
+      expect(results.filter((r) => r.outcome === "success")).toHaveLength(3);
+      const retried = results.findIndex((r) => r.outcome === "retry");
+      expect(retried).toBeGreaterThanOrEqual(0);
+      const all = [j1, j2, j3, j4] as Envelope[];
+      expect(await bound.deliver({ body: JSON.stringify(all[retried]), deliveryCount: 2 })).toMatchObject({
+        outcome: "success",
+      });
+      expect(await stateOf(c, all)).toMatchObject({ effects: 4, fences: 4 });
+    });
+  }
+});
+
+// postgres.js without the #1208 patch runs inside its own begin(), which
+// fails a whole transaction after any failed statement, even one a savepoint
+// undid: there a batched consumer runs one job per transaction
+// (DriverConnection.batches), every outcome the same.
+describe.each(unpatched)("on %s", (c) => {
+  test("a batched consumer runs one job per transaction: 8 jobs, 8 transactions, a failing one retried alone", async () => {
+    let fail = true;
+    const { definition } = batched(async (n) => {
+      if (n === 2 && fail) throw new Error("partner down");
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(8);
+    const results = await together(bound, batch);
+    expect(results[1]).toMatchObject({ outcome: "retry", spendsAttempt: true });
+    expect(results.filter((r) => r.outcome === "success")).toHaveLength(7);
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 7, fences: 7, transactions: 7 });
+    fail = false;
+    expect((await together(bound, batch, 2)).filter((r) => r.outcome === "duplicate")).toHaveLength(7);
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 8, fences: 8, letters: 0 });
+  });
+});

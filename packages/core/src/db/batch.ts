@@ -1,0 +1,415 @@
+/**
+ * Batched work transactions (#23): deliveries of one consumer that arrive
+ * together run in one transaction — one multi-row fence insert, a SAVEPOINT
+ * per job, one COMMIT — on the same engine as a single job
+ * (`work-transaction.ts`: the same opening, bounds, isolation level, gate,
+ * commit proof and connection ending; a batch of one *is* a single-job run).
+ *
+ * Every rule of SPEC §4 holds per job:
+ * - **Fence and work commit together, or neither.** A job's fence is written
+ *   by the batch's insert; a job that does not commit (its handler threw, or
+ *   swallowed the error of a failed statement, or it has a pending dead
+ *   letter) has its savepoint rolled back *and its fence row deleted* in the
+ *   same transaction before COMMIT; a batch that cannot do that commits
+ *   nothing.
+ * - **No handler can commit another job's fence.** The fences of the whole
+ *   batch are written before the first handler runs, so a COMMIT sent
+ *   through a handler's `tx` would mark jobs done that never ran: each
+ *   handler's gate refuses transaction control (`transaction-control.ts`).
+ * - **Duplicates**, inside one batch too: a batch never holds two deliveries
+ *   of one job (the second starts the next batch, whose fence insert waits
+ *   for this one and finds the committed fence); a conflict is a duplicate.
+ * - **Ordering keys**: a batch never holds two jobs of one key, and takes its
+ *   locks in one order (by their 64-bit hash), then its fences in one order
+ *   (by job id): locks before fences in every transaction, each in a fixed
+ *   order, so batches never wait on each other in a cycle (graphile-worker
+ *   #621: batching must not break a named queue's serial guarantee).
+ * - **Failure classes** are the handler's own: a throw is classified as in a
+ *   single job (retry / rate-limited / dead letter); the other jobs commit.
+ *   A job whose handler ran but whose batch was rolled back through another
+ *   job (that one ran out the batch's budget, or the connection broke) spends
+ *   no attempt (`BatchAbortedError`: deferred); a lost or unproven COMMIT is
+ *   every committed job's transient failure, as it is a single job's.
+ * - **Bounds**: the batch shares one budget of the consumer's `timeoutMs`
+ *   from asking for a connection to COMMIT; a job waits at most `maxWaitMs`
+ *   for its batch to form, which `deliveryBoundMs` adds.
+ */
+import { InvalidConfigError } from "../errors.ts";
+import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
+import { BatchAbortedError, HandlerTimeoutError, WorkNotStartedError } from "./errors.ts";
+import { transactionControlIn } from "./transaction-control.ts";
+import type { AnyPgDatabase } from "./types.ts";
+import {
+  acquireWithin,
+  commitWork,
+  DEFAULT_TIMEOUT_MS,
+  Deadline,
+  driverFor,
+  type FenceTarget,
+  finish,
+  letterOutcome,
+  Openings,
+  openWork,
+  type RunEnd,
+  type RunInWorkTransaction,
+  runHandler,
+  runOn,
+  StartTimeoutError,
+  singleRunner,
+  type WorkOutcome,
+  type WorkTransactionOptions,
+} from "./work-transaction.ts";
+
+/** How a consumer's deliveries are gathered into one work transaction. */
+export interface BatchOptions {
+  /** Most jobs in one transaction (1: no batching). */
+  readonly maxSize: number;
+  /** Longest a delivery waits for others to join its batch, in ms (0: only those that arrive in the same turn). */
+  readonly maxWaitMs: number;
+}
+
+/** Largest `maxSize`: a savepoint per job is a subtransaction, and past 64 Postgres spills them to disk. */
+export const MAX_BATCH_SIZE = 64;
+/** Longest `maxWaitMs`: a batch trades this much latency for throughput. */
+export const MAX_BATCH_WAIT_MS = 1_000;
+
+/** Checks batch options; a clear error names the consumer. */
+export function checkBatchOptions(batch: unknown, owner: string): BatchOptions | undefined {
+  if (batch === undefined) return undefined;
+  const { maxSize, maxWaitMs } = (batch ?? {}) as Partial<BatchOptions>;
+  if (!(Number.isInteger(maxSize) && (maxSize as number) >= 1 && (maxSize as number) <= MAX_BATCH_SIZE)) {
+    throw new InvalidConfigError(
+      `${owner}: batch.maxSize must be a whole number of jobs from 1 to ${MAX_BATCH_SIZE}, got ${String(maxSize)}`,
+    );
+  }
+  if (!(Number.isFinite(maxWaitMs) && (maxWaitMs as number) >= 0 && (maxWaitMs as number) <= MAX_BATCH_WAIT_MS)) {
+    throw new InvalidConfigError(
+      `${owner}: batch.maxWaitMs must be a number of milliseconds from 0 to ${MAX_BATCH_WAIT_MS}, got ${String(maxWaitMs)}`,
+    );
+  }
+  return Object.freeze({ maxSize: maxSize as number, maxWaitMs: maxWaitMs as number });
+}
+
+/**
+ * A work-transaction runner with the same contract as `workTransactionFor`'s,
+ * whose calls are gathered into batches of up to `maxSize` jobs of one
+ * consumer, for up to `maxWaitMs`.
+ */
+export function batchedWorkTransactionFor(
+  db: AnyPgDatabase,
+  options: WorkTransactionOptions & { readonly batch: BatchOptions },
+): RunInWorkTransaction {
+  const batch = checkBatchOptions(options.batch, "batch") as BatchOptions;
+  const driver = driverFor(db, options);
+  const openings = new Openings();
+  const single = singleRunner(driver, openings);
+  const run = async (jobs: readonly Job[]): Promise<void> => {
+    const first = jobs[0] as Job;
+    const timeoutMs = first.target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const deadline = new Deadline(timeoutMs);
+    const settled: Settled[] = [];
+    try {
+      const conn = await acquireWithin(driver, deadline, timeoutMs);
+      if (jobs.length === 1 || !conn.batches) {
+        // One job per transaction: this one on this connection, any others
+        // each on its own (a connection that cannot undo one job alone).
+        const alone = (job: Job, i: number) => async () => {
+          settled[i] = await single(job.target, job.work).then(
+            (outcome): Settled => ({ ok: true, outcome }),
+            (error: unknown): Settled => ({ ok: false, error }),
+          );
+        };
+        const others = Promise.all(jobs.slice(1).map((job, i) => alone(job, i + 1)()));
+        settled[0] = await runOn(driver, conn, openings, deadline, timeoutMs, first.target, first.work).then(
+          (outcome): Settled => ({ ok: true, outcome }),
+          (error: unknown): Settled => ({ ok: false, error }),
+        );
+        await others;
+      } else {
+        await runBatchOn({ driver, conn, openings, deadline, timeoutMs }, jobs, settled);
+      }
+    } catch (error) {
+      for (let i = 0; i < jobs.length; i++) settled[i] ??= { ok: false, error };
+    } finally {
+      deadline.end();
+    }
+    jobs.forEach((job, i) => {
+      const result = settled[i] ?? { ok: false, error: new WorkNotStartedError("the batch ended without an outcome") };
+      if (result.ok) job.resolve(result.outcome);
+      else job.reject(result.error);
+    });
+  };
+  const collector = new Collector(batch, run);
+  return (target, work) => collector.add(target, work);
+}
+
+type Work = Parameters<RunInWorkTransaction>[1];
+interface Job {
+  readonly target: FenceTarget;
+  readonly id: string;
+  readonly work: Work;
+  readonly resolve: (outcome: WorkOutcome) => void;
+  readonly reject: (error: unknown) => void;
+}
+type Settled = { readonly ok: true; readonly outcome: WorkOutcome } | { readonly ok: false; readonly error: unknown };
+
+/** Gathers calls into batches: full at `maxSize`, due `maxWaitMs` after its first job, cut by a second job of a key. */
+class Collector {
+  #forming: Job[] = [];
+  readonly #ids = new Set<string>();
+  readonly #keys = new Set<string>();
+  #timer: NodeJS.Timeout | undefined;
+  constructor(
+    private readonly batch: BatchOptions,
+    private readonly run: (jobs: readonly Job[]) => Promise<void>,
+  ) {}
+
+  add(target: FenceTarget, work: Work): Promise<WorkOutcome> {
+    return new Promise<WorkOutcome>((resolve, reject) => {
+      const id = target.jobId.toLowerCase();
+      const first = this.#forming[0]?.target;
+      // Two copies of one job, two jobs of one ordering key, or another
+      // consumer's or budget's job never share a batch: the batch forming
+      // goes now, and this job starts the next one.
+      if (
+        first !== undefined &&
+        (this.#ids.has(id) ||
+          (target.lockKey !== undefined && this.#keys.has(target.lockKey)) ||
+          first.consumer !== target.consumer ||
+          first.timeoutMs !== target.timeoutMs)
+      ) {
+        this.#flush();
+      }
+      this.#forming.push({ target, id, work, resolve, reject });
+      this.#ids.add(id);
+      if (target.lockKey !== undefined) this.#keys.add(target.lockKey);
+      if (this.#forming.length >= this.batch.maxSize) this.#flush();
+      else this.#timer ??= setTimeout(() => this.#flush(), this.batch.maxWaitMs);
+    });
+  }
+
+  #flush(): void {
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    const jobs = this.#forming;
+    this.#forming = [];
+    this.#ids.clear();
+    this.#keys.clear();
+    if (jobs.length > 0) void this.run(jobs);
+  }
+}
+
+/** The locks of a batch's ordering keys, each once, in the order of their hash: batches never lock in a cycle. */
+const LOCKS_SQL = `select count(pg_advisory_xact_lock(h)) as locked from
+  (select distinct hashtextextended(k, 0) as h from unnest($1::text[]) as k order by h) as keys`;
+/**
+ * The batch's fences, inserted in job-id order (no two batches wait on each
+ * other's rows in a cycle), each new row with its pending letter, as
+ * FENCE_SQL does for one (`work-transaction.ts`).
+ */
+const FENCES = `insert into core.processed_jobs (job_id, consumer, processed_at)
+  select j, $2, clock_timestamp() from unnest($1::uuid[]) as j order by j
+  on conflict do nothing returning job_id::text as job_id, core.pending_letter(job_id, consumer) as detail`;
+const FENCES_SQL = FENCES;
+const FENCES_XID_SQL = `${FENCES}, pg_current_xact_id()::text as xid`;
+/** The fences of the batch's jobs that do not commit. */
+const UNFENCE_SQL = "delete from core.processed_jobs where consumer = $2 and job_id = any($1::uuid[])";
+const SAVEPOINT = "savepoint softcrum_job";
+const RELEASE = "release savepoint softcrum_job";
+const ROLLBACK_TO = "rollback to savepoint softcrum_job";
+
+/** A handler's gate in a batch: also refuses a statement that would end the transaction. */
+class BatchGate extends Gate {
+  override check(text?: unknown): void {
+    super.check();
+    const control = typeof text === "string" ? transactionControlIn(text) : undefined;
+    if (control !== undefined) throw new BatchTransactionControlError(control);
+  }
+}
+
+/** A handler of a batched consumer sent COMMIT, ROLLBACK or the like through its `tx`. */
+export class BatchTransactionControlError extends Error {
+  constructor(statement: string) {
+    super(
+      `${statement.toUpperCase()} refused: a handler of a batched consumer shares its transaction with other jobs and may not end it (nested tx.transaction() savepoints are fine)`,
+    );
+    this.name = "BatchTransactionControlError";
+  }
+}
+
+interface Run {
+  readonly driver: ReturnType<typeof driverFor>;
+  readonly conn: DriverConnection;
+  readonly openings: Openings;
+  readonly deadline: Deadline;
+  readonly timeoutMs: number;
+}
+
+/** A batch of two or more jobs of one consumer on one connection; fills `settled` (one entry per job). */
+async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): Promise<void> {
+  const { driver, conn, openings, deadline, timeoutMs } = run;
+  const end: RunEnd = { state: "rollback" };
+  const consumer = (jobs[0] as Job).target.consumer;
+  const committers: number[] = [];
+  try {
+    const keys = [...new Set(jobs.flatMap((j) => (j.target.lockKey === undefined ? [] : [j.target.lockKey])))];
+    const statements: Statement[] = [];
+    if (keys.length > 0) statements.push({ text: LOCKS_SQL, params: [keys] });
+    statements.push({
+      text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL,
+      params: [jobs.map((j) => j.id), consumer],
+    });
+    const rows = await openWork(conn, openings, deadline, timeoutMs, statements, end);
+    const fences = new Map<string, Answer[number]>();
+    for (const row of rows) fences.set(String(row["job_id"]), row);
+    let xid: unknown;
+    const unfence: string[] = [];
+    const toRun: number[] = [];
+    jobs.forEach((job, i) => {
+      const fence = fences.get(job.id);
+      if (fence === undefined) {
+        settled[i] = { ok: true, outcome: { status: "duplicate" } };
+      } else if (typeof fence["detail"] === "string") {
+        // A pending letter: the handler does not run, and the fence row goes.
+        settled[i] = { ok: true, outcome: letterOutcome(fence["detail"]) };
+        unfence.push(job.id);
+      } else {
+        xid = fence["xid"];
+        toRun.push(i);
+      }
+    });
+
+    let released: Promise<unknown> = DONE;
+    for (const i of toRun) {
+      const job = jobs[i] as Job;
+      if (deadline.spent) {
+        // The budget went before this job's turn: it never started.
+        settled[i] = { ok: false, error: new WorkNotStartedError(new StartTimeoutError(timeoutMs)) };
+        unfence.push(job.id);
+        continue;
+      }
+      // Sent ahead of the handler's first query (drivers keep a
+      // connection's order), behind the previous job's RELEASE: neither
+      // costs a round trip of its own. Both have answered by the time the
+      // handler's queries have.
+      const opened = Promise.all([released, conn.query({ text: SAVEPOINT })]);
+      opened.catch(noop);
+      let failure: { error: unknown } | undefined;
+      try {
+        await runHandler(driver, conn, new BatchGate(), deadline, timeoutMs, job.work, end);
+      } catch (error) {
+        failure = { error };
+      }
+      if (destroyed(end)) {
+        // Past the budget: the connection is gone, and every job's work with it.
+        settled[i] = { ok: false, error: failure?.error };
+        throw new BatchAbortedError(failure?.error);
+      }
+      // A failed RELEASE or SAVEPOINT: a statement of the previous job failed
+      // after its handler returned (one it did not await). Nothing is known
+      // to be clean: the whole batch is undone.
+      await within(run, opened, end).catch((error: unknown) => {
+        throw new BatchAbortedError(error);
+      });
+      if (failure === undefined) {
+        const health = await cleanAfter(run, end);
+        if (health.clean) {
+          if (!health.released) {
+            released = conn.query({ text: RELEASE });
+            released.catch(noop);
+          }
+          committers.push(i);
+          continue;
+        }
+        // The handler caught the error of a failed statement: nothing of
+        // its work may commit, and the job is retried.
+        failure = {
+          error: new Error(
+            "the job's work was rolled back: a statement failed inside it and the handler caught its error",
+            { cause: health.error },
+          ),
+        };
+      }
+      // This job alone is undone; if even that fails, the batch is.
+      const undone = Promise.all([conn.query({ text: ROLLBACK_TO }), conn.query({ text: RELEASE })]);
+      await within(run, undone, end).catch((error: unknown) => {
+        settled[i] = { ok: false, error: failure?.error };
+        throw new BatchAbortedError(error);
+      });
+      released = DONE;
+      settled[i] = { ok: false, error: failure.error };
+      unfence.push(job.id);
+    }
+    // The last job's RELEASE; and a budget spent before every job's turn
+    // came commits nothing (the jobs that ran spend no attempt).
+    await within(run, released, end).catch((error: unknown) => {
+      throw new BatchAbortedError(error);
+    });
+    if (deadline.spent) throw new BatchAbortedError(new HandlerTimeoutError(timeoutMs));
+    if (committers.length === 0) return; // nothing to commit: rolled back by finish()
+    if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
+    try {
+      await commitWork(conn, deadline, timeoutMs, xid, end);
+    } catch (error) {
+      // Every committed job's failure, as for a single job (the fence decides on retry).
+      for (const i of committers) settled[i] = { ok: false, error };
+      return;
+    }
+    for (const i of committers) settled[i] = { ok: true, outcome: { status: "committed" } };
+  } catch (error) {
+    // The batch is over before COMMIT: work that ran is undone through no
+    // failure of its own (no attempt spent); jobs not reached never started.
+    const aborted = error instanceof WorkNotStartedError ? error : new BatchAbortedError(error);
+    for (const i of committers) settled[i] ??= { ok: false, error: aborted };
+    for (let i = 0; i < jobs.length; i++) settled[i] ??= { ok: false, error: notStarted(aborted) };
+  } finally {
+    await finish(conn, end.state);
+  }
+}
+
+/**
+ * Whether the transaction is healthy after a handler returned. From the
+ * session's own status where the connection reports it (no round trip: 'E'
+ * is a failed statement the handler caught; the caller then sends RELEASE
+ * ahead of the next job's queries); else RELEASE SAVEPOINT answers it.
+ */
+async function cleanAfter(
+  run: Run,
+  end: RunEnd,
+): Promise<{ readonly clean: true; readonly released: boolean } | { readonly clean: false; readonly error: unknown }> {
+  const { conn } = run;
+  if (conn.provesByStatus) {
+    const status = conn.transactionStatus();
+    if (status === "T") return { clean: true, released: false };
+    if (status === "E") return { clean: false, error: new Error("the transaction is in a failed state (25P02)") };
+    throw new BatchAbortedError(new Error("the connection closed, or the transaction ended, while a handler ran"));
+  }
+  try {
+    await within(run, conn.query({ text: RELEASE }), end);
+    return { clean: true, released: true };
+  } catch (error) {
+    if (destroyed(end)) throw new BatchAbortedError(error);
+    return { clean: false, error };
+  }
+}
+
+/** A wait on the connection within the batch's budget; past it the connection is destroyed. */
+function within<T>(run: Run, work: Promise<T>, end: RunEnd): Promise<T> {
+  return run.deadline.within(work, () => {
+    end.state = "destroy";
+    run.conn.destroy();
+    return new HandlerTimeoutError(run.timeoutMs);
+  });
+}
+
+/** Read through a call: the run's end state changes in callbacks the compiler cannot follow. */
+function destroyed(end: RunEnd): boolean {
+  return end.state === "destroy";
+}
+
+function notStarted(error: WorkNotStartedError): WorkNotStartedError {
+  return error instanceof BatchAbortedError ? new WorkNotStartedError(error.cause ?? error) : error;
+}
+
+const noop = () => {};
+const DONE: Promise<unknown> = Promise.resolve();

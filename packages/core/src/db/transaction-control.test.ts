@@ -1,0 +1,44 @@
+import { describe, expect, test } from "vitest";
+import { transactionControlIn } from "./transaction-control.ts";
+
+describe("transactionControlIn: what a batched handler may not send", () => {
+  test.each([
+    ["commit", "commit"],
+    ["COMMIT AND CHAIN", "commit"],
+    ["  end transaction", "end"],
+    ["abort", "abort"],
+    ["rollback", "rollback"],
+    ["ROLLBACK WORK", "rollback"],
+    ["rollback and chain", "rollback"],
+    ["prepare transaction 'x'", "prepare transaction"],
+    ["select 1; commit", "commit"],
+    ["/* a /* nested */ comment */ commit", "commit"],
+    ["-- a comment\ncommit", "commit"],
+    ["select 'it''s'; commit", "commit"],
+    ["select $tag$ ; $tag$; commit", "commit"],
+    ["select E'\\'; x'; commit", "commit"],
+  ])("%j ends the transaction (%s)", (text, expected) => {
+    expect(transactionControlIn(text)).toBe(expected);
+  });
+
+  test.each([
+    "savepoint sp1",
+    "release savepoint sp1",
+    "rollback to savepoint sp1",
+    "ROLLBACK TO sp1",
+    "rollback work to savepoint sp1",
+    "select 'commit; rollback'",
+    'select 1 as "commit"',
+    "select $$ commit $$",
+    "select $f$ ; commit; $f$",
+    "-- commit\nselect 1",
+    "/* commit */ select 1",
+    "insert into t (a) values (1) returning a",
+    "select case when true then 1 end",
+    "update t set ended = true where commit_id = 1",
+    "prepare q as select 1",
+    "select E'it\\'s; commit'",
+  ])("%j does not", (text) => {
+    expect(transactionControlIn(text)).toBeUndefined();
+  });
+});
