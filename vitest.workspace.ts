@@ -1,7 +1,7 @@
 // The Vitest projects of the monorepo. Vitest 4 no longer reads this file by
 // itself: vitest.config.ts imports it as `test.projects`.
 //
-// Found, not listed: every packages/* and apps/* directory with a
+// Found, not listed: every packages/*, apps/* and bench/* directory with a
 // vitest.config.ts is a project (its default export). A config that also
 // exports `faults` (a project named `<name>:faults`: the slow fault, scale and
 // process files, which its default project excludes) adds that project, with
@@ -15,7 +15,7 @@ import type { TestProjectConfiguration, TestProjectInlineConfiguration } from "v
 
 const here = fileURLToPath(new URL(".", import.meta.url));
 const projects: TestProjectConfiguration[] = [];
-for (const parent of ["packages", "apps"]) {
+for (const parent of ["packages", "apps", "bench"]) {
   const dirs = readdirSync(join(here, parent), { withFileTypes: true }).filter((entry) => entry.isDirectory());
   for (const name of dirs.map((entry) => entry.name).sort()) {
     const root = join(here, parent, name);

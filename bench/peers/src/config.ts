@@ -1,0 +1,105 @@
+/**
+ * What `pnpm bench:peers` runs, from the environment: the systems, how many
+ * jobs, rounds and workers. Shared by the orchestrator (peers.bench.ts) and
+ * the process each system runs in (run-system.ts).
+ */
+import { execFileSync } from "node:child_process";
+import { accessSync, constants } from "node:fs";
+import { delimiter, join } from "node:path";
+
+/** Every system, in the order of the table and of the first round. */
+export const SYSTEMS = ["harness", "harness_batched", "graphile_worker", "pg_boss", "dbos", "pgbench"] as const;
+export type SystemName = (typeof SYSTEMS)[number];
+
+/** The job systems the harness is compared with; the fastest of them is the "best peer". */
+export const PEERS: readonly SystemName[] = ["graphile_worker", "pg_boss", "dbos"];
+
+/** Jobs run, untimed, before each timed run (connections, prepared statements, the JIT). */
+export const WARMUP_JOBS = 500;
+
+/** What one system's process is told to do. */
+export interface RunSpec {
+  readonly system: SystemName;
+  /** Jobs in the timed run. */
+  readonly jobs: number;
+  readonly warmup: number;
+  /** Concurrent workers (harness loops, graphile-worker jobs, DBOS worker concurrency, pgbench clients). */
+  readonly concurrency: number;
+  /** 1-based; part of the database names. */
+  readonly round: number;
+  /** The maintenance database URL of the server (a user that may CREATE DATABASE). */
+  readonly adminUrl: string;
+  /** The pgbench binary (only for `pgbench`). */
+  readonly pgbench?: string;
+}
+
+/** What one system's process reports: its last stdout line, as JSON. */
+export interface Sample {
+  readonly system: SystemName;
+  readonly jobs: number;
+  /** The timed run: from starting the workers to the last effect committed. */
+  readonly seconds: number;
+  readonly jobsPerS: number;
+  /** Client CPU (user + system) over the measured window, µs per job. */
+  readonly cpuUsPerJob: number | null;
+  /** Transaction ids assigned cluster-wide over the measured window, per job. */
+  readonly writeTxnsPerJob: number;
+  /** WAL written cluster-wide over the measured window, bytes per job. */
+  readonly walBytesPerJob: number;
+}
+
+export interface BenchOptions {
+  readonly jobs: number;
+  readonly rounds: number;
+  readonly concurrency: number;
+  readonly systems: readonly SystemName[];
+}
+
+function positiveInt(name: string, fallback: number): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === "") return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < 1) throw new Error(`${name} must be a whole number ≥ 1, got ${raw}`);
+  return value;
+}
+
+/** PEERS_N (20000), PEERS_ROUNDS (3), PEERS_CONCURRENCY (16), PEERS_SYSTEMS (all, comma list). */
+export function benchOptions(): BenchOptions {
+  const listed = (process.env["PEERS_SYSTEMS"] ?? "")
+    .split(",")
+    .map((name) => name.trim())
+    .filter((name) => name !== "");
+  const unknown = listed.filter((name) => !(SYSTEMS as readonly string[]).includes(name));
+  if (unknown.length > 0) {
+    throw new Error(`PEERS_SYSTEMS: unknown ${unknown.join(", ")}; known: ${SYSTEMS.join(", ")}`);
+  }
+  return {
+    jobs: positiveInt("PEERS_N", 20_000),
+    rounds: positiveInt("PEERS_ROUNDS", 3),
+    concurrency: positiveInt("PEERS_CONCURRENCY", 16),
+    systems: listed.length === 0 ? SYSTEMS : SYSTEMS.filter((name) => listed.includes(name)),
+  };
+}
+
+function executable(path: string): boolean {
+  try {
+    accessSync(path, constants.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** pgbench on PATH, else in `pg_config --bindir`; undefined when neither has it. */
+export function findPgbench(): string | undefined {
+  for (const dir of (process.env["PATH"] ?? "").split(delimiter)) {
+    if (dir && executable(join(dir, "pgbench"))) return join(dir, "pgbench");
+  }
+  try {
+    const bindir = execFileSync("pg_config", ["--bindir"], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] });
+    const candidate = join(bindir.trim(), "pgbench");
+    return executable(candidate) ? candidate : undefined;
+  } catch {
+    return undefined;
+  }
+}

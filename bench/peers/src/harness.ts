@@ -1,0 +1,83 @@
+/**
+ * `harness` and `harness_batched`: @softcrum/core as a module uses it.
+ * `spec.concurrency` loops call `bound.deliver()` on envelopes built before
+ * the clock starts (the queue is this process's memory: no transport); the
+ * consumer inserts the effect through Drizzle in `tx`, in the transaction
+ * that writes the fence. postgres.js pool of 10, core's migrations applied.
+ *
+ * `harness_batched` gives the definition `batch: { maxSize: 8, maxWaitMs: 2 }`:
+ * deliveries that arrive together share one work transaction (one multi-row
+ * fence insert, a savepoint per job, one COMMIT).
+ */
+import { bindConsumer, createEnvelope, defineConsumer } from "@softcrum/core";
+import { migrateCore } from "@softcrum/core/migrate";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { z } from "zod";
+import type { RunSpec, Sample } from "./config.ts";
+import { effects, expectEffects, sampleOf, startMeter, withFreshDatabases } from "./measure.ts";
+
+const POOL_MAX = 10;
+const KIND = "peers.credit.v1";
+
+const BATCH_OPTION = { batch: { maxSize: 8, maxWaitMs: 2 } } as const;
+
+function envelopes(count: number): string[] {
+  return Array.from({ length: count }, (_, i) =>
+    JSON.stringify(createEnvelope({ tenantId: "peers", kind: KIND, data: { amount: i % 100 } })),
+  );
+}
+
+/** Runs `work` over `items` with `loops` concurrent loops; the wall time in ms. */
+async function timed<T>(items: readonly T[], loops: number, work: (item: T) => Promise<void>): Promise<number> {
+  let next = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: loops }, async () => {
+      while (next < items.length) {
+        const item = items[next++] as T;
+        await work(item);
+      }
+    }),
+  );
+  return performance.now() - started;
+}
+
+export function runHarness(spec: RunSpec): Promise<Sample> {
+  const batched = spec.system === "harness_batched";
+  return withFreshDatabases(spec, [{ label: spec.system, effects: true }], async ([database]) => {
+    if (!database) throw new Error("no database");
+    await migrateCore(database.url);
+    const sql = postgres(database.url, { max: POOL_MAX, onnotice: () => {} });
+    try {
+      const consumer = defineConsumer({
+        name: "peers.credit",
+        queue: "peers.credits",
+        kind: KIND,
+        schema: z.object({ amount: z.number().int() }),
+        async handle(data, { tx, envelope }) {
+          await tx.insert(effects).values({ jobId: envelope.job_id, amount: data.amount });
+        },
+        ...(batched ? BATCH_OPTION : {}),
+      });
+      const bound = bindConsumer(consumer, { db: drizzle({ client: sql }) });
+      const deliver = async (body: string) => {
+        const result = await bound.deliver({ body, deliveryCount: 1 });
+        if (result.outcome !== "success") throw new Error(`${spec.system}: outcome ${result.outcome}, not success`);
+      };
+
+      // Queued before the clock: the bodies of the warm-up and of the timed run.
+      const warmup = envelopes(spec.warmup);
+      const jobs = envelopes(spec.jobs);
+      await timed(warmup, spec.concurrency, deliver);
+
+      const meter = await startMeter(database.url);
+      const ms = await timed(jobs, spec.concurrency, deliver);
+      const costs = await meter.stop();
+      await expectEffects(database.url, spec.jobs + spec.warmup, spec.system);
+      return sampleOf(spec.system, spec.jobs, ms, costs);
+    } finally {
+      await sql.end({ timeout: 5 });
+    }
+  });
+}

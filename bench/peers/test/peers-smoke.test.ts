@@ -1,0 +1,73 @@
+/**
+ * Smoke run of `pnpm bench:peers` for CI: every system once on 500 jobs, as a
+ * person would run it (its own process), and its last line checked: exactly
+ * the documented keys, a positive rate for every system, and pgbench's rate
+ * null only where pgbench is absent.
+ */
+import { spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+import { findPgbench, SYSTEMS } from "../src/config.ts";
+
+const KEYS = [
+  "harness_jobs_per_s",
+  "harness_batched_jobs_per_s",
+  "graphile_worker_jobs_per_s",
+  "pg_boss_jobs_per_s",
+  "dbos_jobs_per_s",
+  "pgbench_tps",
+  "vs_best_peer",
+  "batched_vs_best_peer",
+  "batched_vs_pgbench",
+  "cpu_us_per_job",
+  "write_txns_per_job",
+  "wal_bytes_per_job",
+];
+
+function runBench(env: NodeJS.ProcessEnv): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const script = fileURLToPath(new URL("../src/peers.bench.ts", import.meta.url));
+  const child = spawn(process.execPath, ["--import", "tsx", script], {
+    cwd: fileURLToPath(new URL("..", import.meta.url)),
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (chunk: Buffer) => {
+    stdout += chunk.toString();
+  });
+  child.stderr.on("data", (chunk: Buffer) => {
+    stderr += chunk.toString();
+  });
+  return new Promise((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+const positive = (value: unknown) => typeof value === "number" && Number.isFinite(value) && value > 0;
+
+describe("pnpm bench:peers", () => {
+  it("runs every system on 500 jobs and ends with the documented JSON line", async () => {
+    const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", PEERS_SYSTEMS: "" });
+    // The failure's own words are at the end of what the run printed.
+    expect(run.code, `exit ${run.code}:\n${run.stderr.slice(-3000)}`).toBe(0);
+    const last = run.stdout.trim().split("\n").at(-1) ?? "";
+    const result = JSON.parse(last) as Record<string, unknown>;
+    expect(Object.keys(result).sort()).toEqual([...KEYS].sort());
+
+    const pgbench = findPgbench() !== undefined;
+    for (const key of KEYS.filter((k) => k.endsWith("_jobs_per_s"))) expect(positive(result[key]), key).toBe(true);
+    expect(pgbench ? positive(result["pgbench_tps"]) : result["pgbench_tps"] === null, "pgbench_tps").toBe(true);
+    expect(positive(result["vs_best_peer"]), "vs_best_peer").toBe(true);
+    expect(positive(result["batched_vs_best_peer"]), "batched_vs_best_peer").toBe(true);
+    expect(pgbench ? positive(result["batched_vs_pgbench"]) : result["batched_vs_pgbench"] === null).toBe(true);
+
+    const ran = SYSTEMS.filter((system) => system !== "pgbench" || pgbench);
+    for (const key of ["cpu_us_per_job", "write_txns_per_job", "wal_bytes_per_job"]) {
+      const perSystem = result[key] as Record<string, unknown>;
+      expect(Object.keys(perSystem).sort(), key).toEqual([...ran].sort());
+      for (const system of ran) expect(positive(perSystem[system]), `${key}.${system}`).toBe(true);
+    }
+  });
+});
