@@ -279,7 +279,6 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
       }
     });
 
-    let released: Promise<unknown> = DONE;
     for (const i of toRun) {
       const job = jobs[i] as Job;
       if (deadline.spent) {
@@ -289,10 +288,11 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         continue;
       }
       // Sent ahead of the handler's first query (drivers keep a
-      // connection's order), behind the previous job's RELEASE: neither
-      // costs a round trip of its own. Both have answered by the time the
-      // handler's queries have.
-      const opened = Promise.all([released, conn.query({ text: SAVEPOINT })]);
+      // connection's order): no round trip of its own; it has answered by
+      // the time the handler's queries have. A job's savepoint is not
+      // released: the next one nests inside it (ROLLBACK TO undoes the most
+      // recent of the name, the job's own), and COMMIT ends them all.
+      const opened = conn.query({ text: SAVEPOINT });
       opened.catch(noop);
       let failure: { error: unknown } | undefined;
       try {
@@ -305,19 +305,15 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         settled[i] = { ok: false, error: failure?.error };
         throw new BatchAbortedError(failure?.error);
       }
-      // A failed RELEASE or SAVEPOINT: a statement of the previous job failed
-      // after its handler returned (one it did not await). Nothing is known
-      // to be clean: the whole batch is undone.
+      // A failed SAVEPOINT: a statement of the previous job failed after its
+      // handler returned (one it did not await). Nothing is known to be
+      // clean: the whole batch is undone.
       await within(run, opened, end).catch((error: unknown) => {
         throw new BatchAbortedError(error);
       });
       if (failure === undefined) {
         const health = await cleanAfter(run, end);
         if (health.clean) {
-          if (!health.released) {
-            released = conn.query({ text: RELEASE });
-            released.catch(noop);
-          }
           committers.push(i);
           continue;
         }
@@ -336,15 +332,11 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         settled[i] = { ok: false, error: failure?.error };
         throw new BatchAbortedError(error);
       });
-      released = DONE;
       settled[i] = { ok: false, error: failure.error };
       unfence.push(job.id);
     }
-    // The last job's RELEASE; and a budget spent before every job's turn
-    // came commits nothing (the jobs that ran spend no attempt).
-    await within(run, released, end).catch((error: unknown) => {
-      throw new BatchAbortedError(error);
-    });
+    // A budget spent before every job's turn came commits nothing (the jobs
+    // that ran spend no attempt).
     if (deadline.spent) throw new BatchAbortedError(new HandlerTimeoutError(timeoutMs));
     if (committers.length === 0) return; // nothing to commit: rolled back by finish()
     if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
@@ -370,23 +362,23 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
 /**
  * Whether the transaction is healthy after a handler returned. From the
  * session's own status where the connection reports it (no round trip: 'E'
- * is a failed statement the handler caught; the caller then sends RELEASE
- * ahead of the next job's queries); else RELEASE SAVEPOINT answers it.
+ * is a failed statement the handler caught); else RELEASE SAVEPOINT answers
+ * it (one round trip).
  */
 async function cleanAfter(
   run: Run,
   end: RunEnd,
-): Promise<{ readonly clean: true; readonly released: boolean } | { readonly clean: false; readonly error: unknown }> {
+): Promise<{ readonly clean: true } | { readonly clean: false; readonly error: unknown }> {
   const { conn } = run;
   if (conn.provesByStatus) {
     const status = conn.transactionStatus();
-    if (status === "T") return { clean: true, released: false };
+    if (status === "T") return { clean: true };
     if (status === "E") return { clean: false, error: new Error("the transaction is in a failed state (25P02)") };
     throw new BatchAbortedError(new Error("the connection closed, or the transaction ended, while a handler ran"));
   }
   try {
     await within(run, conn.query({ text: RELEASE }), end);
-    return { clean: true, released: true };
+    return { clean: true };
   } catch (error) {
     if (destroyed(end)) throw new BatchAbortedError(error);
     return { clean: false, error };
@@ -412,4 +404,3 @@ function notStarted(error: WorkNotStartedError): WorkNotStartedError {
 }
 
 const noop = () => {};
-const DONE: Promise<unknown> = Promise.resolve();
