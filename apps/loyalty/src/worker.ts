@@ -200,8 +200,11 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     fenceTtlMs: hours * 3_600_000,
     cleanupEveryMs: minutes * 60_000,
     onCleanup: (r) => {
-      if (r.deleted > 0)
-        console.log(`fence cleanup: deleted ${r.deleted} rows in ${r.batches} batches (${r.durationMs} ms)`);
+      if (r.deleted > 0 || r.partitionsDropped > 0)
+        console.log(
+          `fence cleanup: dropped ${r.partitionsDropped} expired day partitions (${r.rowsMovedToDefault} kept fences moved), ` +
+            `deleted ${r.deleted} rows in ${r.batches} batches (${r.durationMs} ms)`,
+        );
     },
   });
   console.log(

@@ -82,12 +82,18 @@ export const silentLogger: Logger & { lines: string[] } = {
   },
 };
 
-/** Row counts of every base table in the database, by "schema.table". */
+/**
+ * Row counts of every base table in the database, by "schema.table"; a
+ * partitioned table (the fence, ADR 0014) counts the rows of its partitions,
+ * which are not listed apart.
+ */
 export async function tableCounts(sql: postgres.Sql): Promise<Record<string, number>> {
   const tables = await sql<{ name: string }[]>`
-    select quote_ident(table_schema) || '.' || quote_ident(table_name) as name
-    from information_schema.tables
-    where table_type = 'BASE TABLE' and table_schema not in ('pg_catalog', 'information_schema')`;
+    select quote_ident(t.table_schema) || '.' || quote_ident(t.table_name) as name
+    from information_schema.tables t
+    join pg_class c on c.oid = (quote_ident(t.table_schema) || '.' || quote_ident(t.table_name))::regclass
+    where t.table_type = 'BASE TABLE' and t.table_schema not in ('pg_catalog', 'information_schema')
+      and not c.relispartition`;
   const counts: Record<string, number> = {};
   for (const { name } of tables) {
     const [row] = await sql.unsafe<{ n: number }[]>(`select count(*)::int as n from ${name}`);

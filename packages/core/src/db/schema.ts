@@ -22,6 +22,13 @@ export const core = pgSchema("core");
  * The idempotency fence. One row per (job, consumer) that committed its work;
  * written inside the work transaction and nowhere else. `processed_at` leads
  * the TTL cleanup's index.
+ *
+ * Range-partitioned by `job_id` (migration 0026, ADR 0014; drizzle cannot say
+ * PARTITION BY, so this declaration is the parent's columns and indexes only):
+ * one partition per UTC day of the UUID v7 time (`processed_jobs_pYYYYMMDD`,
+ * bounds `core.fence_day_bound(day)`), created ahead by the maintenance, plus
+ * `processed_jobs_default` (the table as it was before 0026). The primary key
+ * holds the partition key, so a job's fence is unique across partitions.
  */
 export const processedJobs = core.table(
   "processed_jobs",
@@ -139,6 +146,11 @@ export const deadLetters = core.table(
     index("dead_letters_direct_replays_idx")
       .on(t.statusChangedBy, t.statusChangedAt)
       .where(sql`${t.status} = 'replayed' and ${t.replayBatchId} is null`),
+    // Letters replayed or discarded less than a TTL ago keep their jobs'
+    // fences: a fence partition's drop reads them by this range (#23 item 4).
+    index("dead_letters_resolved_changed_idx")
+      .on(t.statusChangedAt)
+      .where(sql`${t.status} in ('replayed', 'discarded')`),
     check("dead_letters_status_valid", sql`${t.status} in (${inList(DEAD_LETTER_STATUSES)})`),
     check("dead_letters_error_class_valid", sql`${t.errorClass} in (${inList(ERROR_CLASSES)})`),
     check("dead_letters_payload_encoding_valid", sql`${t.payloadEncoding} in ('utf8', 'base64')`),

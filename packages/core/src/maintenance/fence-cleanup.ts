@@ -21,164 +21,30 @@
  * Deletion goes in bounded batches, each its own short transaction that skips
  * rows another transaction holds, so live consumers inserting fences are never
  * blocked for long.
+ * The fence is partitioned by day of the job_id's UUID v7 time (ADR 0014):
+ * a day whose whole day is past the TTL goes with its partition
+ * (`fence-partitions.ts`), the fences kept above moved into the default
+ * partition in the detach's own transaction; the batches clean the default
+ * partition (days without a partition of their own, and the moved fences).
  */
-import { sql } from "drizzle-orm";
-import type { AnyPgDatabase, Consumer } from "../consumer.ts";
+import { type SQL, sql } from "drizzle-orm";
 import { InvalidConfigError } from "../errors.ts";
-import { rowsOf } from "../ops/operations.ts";
-import { DEFAULT_DEFERRAL_HORIZON_MS, maxRetryWindowMs } from "../retry.ts";
-import { MAX_TIMER_DELAY_MS } from "../timers.ts";
+import { rowsOf } from "../ops/ops-helpers.ts";
+import type { FenceCleanup, FenceCleanupOptions } from "./fence-cleanup-types.ts";
+import {
+  attachedFenceDays,
+  dayRange,
+  daysWithEarlyFences,
+  dropExpiredFencePartitions,
+  earlyInDay,
+  ensureFencePartitions,
+  fenceIsPartitioned,
+} from "./fence-partitions.ts";
+import { checkFenceTtl } from "./fence-ttl.ts";
 
-/** What the TTL check reads of a consumer; `deferralHorizonMs` @default DEFAULT_DEFERRAL_HORIZON_MS (as `defineConsumer`). */
-export type FenceTtlConsumer = Pick<Consumer, "name" | "retryPolicy"> & Partial<Pick<Consumer, "deferralHorizonMs">>;
-
-export interface FenceCleanupOptions {
-  readonly db: AnyPgDatabase;
-  /**
-   * Fence rows older than this are deleted. Must be at least every consumer's
-   * retry window times `safetyMargin`, plus its deferral horizon, plus
-   * `transportHoldMs` (`minimumFenceTtlMs`).
-   */
-  readonly ttlMs: number;
-  /** Every consumer whose fences live in this database: the TTL is checked against each. */
-  readonly consumers: readonly FenceTtlConsumer[];
-  /** How many times the longest retry window the TTL must cover. @default 2 */
-  readonly safetyMargin?: number;
-  /** Rows deleted per transaction. @default 5000 */
-  readonly batchSize?: number;
-  /** Rest between batches, leaving the database's CPU to live consumers. @default 10 */
-  readonly pauseBetweenBatchesMs?: number;
-  /**
-   * How long the transport may hold a copy of a message beyond the retry
-   * schedule (a deferral, the provider's own redelivery): added to the minimum
-   * TTL. @default 0 (the in-process adapter); for Vercel Queues, its horizon.
-   */
-  readonly transportHoldMs?: number;
-}
-
-/**
- * What a run did. Every figure is a sum over the pages the run scanned (no
- * statement counts the expired rows as a whole), so
- * `scanned = deleted + keptForPendingDeadLetters + keptForReplays`; rows a
- * live transaction held (SKIP LOCKED) are in none of them and go next run.
- */
-export interface CleanupReport {
-  /** Rows deleted (or, in a dry run, that would be). */
-  readonly deleted: number;
-  /** Expired rows read, in `batches` pages of at most `batchSize`. */
-  readonly scanned: number;
-  /** Expired rows kept because their job has a pending dead letter. */
-  readonly keptForPendingDeadLetters: number;
-  /**
-   * Expired rows kept because a letter of their job left review (replayed, or
-   * discarded) less than a TTL ago: a replay of it may still be delivered.
-   */
-  readonly keptForReplays: number;
-  readonly batches: number;
-  /**
-   * Transport holds (`core.transport_holds`, #19) older than the TTL deleted
-   * with a complete run: older than any message they count (the TTL covers
-   * the transport's retention). 0 in a dry run.
-   */
-  readonly holdsDeleted: number;
-  /**
-   * True when the run reached the end of the expired rows; false when
-   * `maxBatches` or the signal stopped it first, so the figures cover only
-   * the pages read (for a dry run: a lower bound of what a full run would do).
-   */
-  readonly complete: boolean;
-  readonly durationMs: number;
-  readonly dryRun: boolean;
-}
-
-export interface FenceCleanup {
-  readonly ttlMs: number;
-  /**
-   * Deletes expired rows until none is left (or `maxBatches`). With `dryRun`
-   * it reads the same pages without locking or deleting and reports what it
-   * would do: give it `maxBatches` to bound it (`complete` says whether the
-   * figures cover every expired row or only the pages read).
-   */
-  run(options?: { dryRun?: boolean; maxBatches?: number; signal?: AbortSignal }): Promise<CleanupReport>;
-}
-
-type TtlBoundOptions = Pick<FenceCleanupOptions, "consumers" | "safetyMargin" | "transportHoldMs">;
-
-/** One consumer's share of the minimum TTL, with the numbers an error message names. */
-interface ConsumerTtlBound {
-  readonly consumer: FenceTtlConsumer;
-  readonly retryWindowMs: number;
-  readonly deferralHorizonMs: number;
-  readonly minimumMs: number;
-}
-
-/**
- * How long a copy of each consumer's jobs can stay away from the fence while
- * another copy commits: a retry (within the retry window, times the margin
- * for run times and redeliveries after a crash), a rate-limited wait (at most
- * the deferral horizon), deferrals of a delivery whose handler could not start
- * (not past the horizon after the job was due), and whatever the transport
- * holds beyond these. Summed, which covers each of them with room to spare.
- */
-function ttlBounds(options: TtlBoundOptions): ConsumerTtlBound[] {
-  const margin = options.safetyMargin ?? 2;
-  if (!(margin >= 1)) throw new InvalidConfigError(`fence cleanup: safetyMargin must be at least 1, got ${margin}`);
-  if (options.consumers.length === 0) {
-    throw new InvalidConfigError(
-      "fence cleanup: name the consumers whose fences it cleans, so their retry windows can be checked",
-    );
-  }
-  const hold = options.transportHoldMs ?? 0;
-  if (!Number.isFinite(hold) || hold < 0)
-    throw new InvalidConfigError(`fence cleanup: transportHoldMs must be >= 0, got ${hold}`);
-  return options.consumers.map((consumer) => {
-    const retryWindowMs = maxRetryWindowMs(consumer.retryPolicy);
-    const deferralHorizonMs = consumer.deferralHorizonMs ?? DEFAULT_DEFERRAL_HORIZON_MS;
-    if (!(Number.isFinite(deferralHorizonMs) && deferralHorizonMs >= 0)) {
-      throw new InvalidConfigError(
-        `fence cleanup: consumer "${consumer.name}" has no valid deferralHorizonMs (${deferralHorizonMs}); pass the consumer from defineConsumer`,
-      );
-    }
-    return { consumer, retryWindowMs, deferralHorizonMs, minimumMs: retryWindowMs * margin + deferralHorizonMs + hold };
-  });
-}
-
-/**
- * The shortest TTL `checkFenceTtl` accepts for these consumers: for the one
- * whose copies can come back latest, its retry window times `safetyMargin`,
- * plus its deferral horizon, plus `transportHoldMs`.
- */
-export function minimumFenceTtlMs(options: TtlBoundOptions): number {
-  return Math.max(...ttlBounds(options).map((b) => b.minimumMs));
-}
-
-/**
- * Refuses (InvalidConfigError naming the consumer and the numbers) a TTL that
- * a late copy of a job could outlive: a late retry, a job deferred up to its
- * deferral horizon (a 429's Retry-After, a handler that could not start), or
- * a message the transport still holds. Called by createFenceCleanup; call it
- * yourself to fail before opening anything.
- */
-export function checkFenceTtl(
-  options: Pick<FenceCleanupOptions, "ttlMs" | "consumers" | "safetyMargin" | "transportHoldMs">,
-): void {
-  const { ttlMs } = options;
-  if (!Number.isFinite(ttlMs) || ttlMs <= 0)
-    throw new InvalidConfigError(`fence cleanup: ttlMs must be a positive number, got ${ttlMs}`);
-  const margin = options.safetyMargin ?? 2;
-  const hold = options.transportHoldMs ?? 0;
-  // Named: the consumer that needs the longest TTL, so the minimum in the message is the one to configure.
-  const longest = ttlBounds(options).reduce((a, b) => (b.minimumMs > a.minimumMs ? b : a));
-  const { consumer, retryWindowMs: window, deferralHorizonMs: horizon, minimumMs } = longest;
-  if (ttlMs < minimumMs) {
-    throw new InvalidConfigError(
-      `fence cleanup: TTL ${ttlMs} ms is too short for consumer "${consumer.name}": its retries can span ${window} ms ` +
-        `and its deferrals (a rate limit's Retry-After, a handler that could not start) up to its deferral horizon of ${horizon} ms, ` +
-        `so the TTL must be at least ${margin} × ${window} + ${horizon} (deferral horizon)${hold ? ` + ${hold} (transport hold)` : ""} = ${minimumMs} ms ` +
-        "(a copy of the job delivered after its fence expired would apply the work twice)",
-    );
-  }
-}
+export type { CleanupReport, FenceCleanup, FenceCleanupOptions } from "./fence-cleanup-types.ts";
+export { scheduleFenceCleanup } from "./fence-schedule.ts";
+export { checkFenceTtl, type FenceTtlConsumer, minimumFenceTtlMs } from "./fence-ttl.ts";
 
 /**
  * Validates the TTL against the consumers (throwing `InvalidConfigError`
@@ -200,6 +66,19 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
   // Only the fences of the consumers whose windows were checked; database
   // time decides what is expired (processed_at is written with now()).
   const expired = sql`p.consumer in ${names} and p.processed_at < now() - make_interval(secs => ${seconds})`;
+  const partitionLockTimeoutMs = options.partitionLockTimeoutMs ?? 250;
+  const partitionLockRetries = options.partitionLockRetries ?? 5;
+  const daysAhead = options.partitionDaysAhead ?? 7;
+  for (const [name, value] of [
+    ["partitionLockTimeoutMs", partitionLockTimeoutMs],
+    ["partitionLockRetries", partitionLockRetries],
+    ["partitionDaysAhead", daysAhead],
+  ] as const) {
+    const least = name === "partitionLockRetries" ? 0 : 1;
+    if (!Number.isSafeInteger(value) || value < least) {
+      throw new InvalidConfigError(`fence cleanup: ${name} must be a whole number >= ${least}, got ${value}`);
+    }
+  }
   // A letter that a replay may still depend on: pending, or replayed or
   // discarded (status_changed_at is set in the transaction that publishes a
   // replay) less than a TTL ago. Each is at most an index probe
@@ -221,15 +100,52 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
 
   return {
     ttlMs,
+    ensurePartitions: () => ensureFencePartitions({ db, daysAhead, lockTimeoutMs: partitionLockTimeoutMs }),
     async run(runOptions = {}) {
       const started = performance.now();
       const dryRun = runOptions.dryRun ?? false;
       const totals = { deleted: 0, scanned: 0, pending: 0, replays: 0 };
       let batches = 0;
-      let complete = false;
+      let complete: boolean;
+      // Whole days first: what they drop, no batch has to delete.
+      const partitioned = await fenceIsPartitioned(db);
+      const partitions = partitioned
+        ? await dropExpiredFencePartitions({
+            db,
+            ttlMs,
+            consumers: names,
+            dryRun,
+            lockTimeoutMs: partitionLockTimeoutMs,
+            lockRetries: partitionLockRetries,
+            signal: runOptions.signal,
+          })
+        : { dropped: 0, droppedDays: [], moved: 0, keptForOtherConsumers: [], deferred: 0 };
+      // Then batches over the default partition (the table itself before
+      // migration 0026), the expired days kept for other consumers, and the
+      // fences of a day written before it began: one stream of pages, each
+      // part read through its expiry index.
+      const days = partitioned ? await attachedFenceDays(db) : [];
+      const whole = new Set([...partitions.droppedDays, ...partitions.keptForOtherConsumers]);
+      const early = await daysWithEarlyFences(
+        db,
+        days.filter((day) => !whole.has(day)),
+        expired,
+      );
+      const parts: { table: SQL; where: (alias: string) => SQL }[] = [
+        { table: sql.raw(partitioned ? "core.processed_jobs_default" : "core.processed_jobs"), where: () => sql`true` },
+        ...partitions.keptForOtherConsumers.map((day) => ({
+          table: sql.raw("core.processed_jobs"),
+          where: (alias: string) => dayRange(day, alias),
+        })),
+        ...early.map((day) => ({
+          table: sql.raw("core.processed_jobs"),
+          where: (alias: string) => earlyInDay(day, alias),
+        })),
+      ];
       // Keyset paging: each batch starts after the last row the previous one
       // reached, so rows kept for pending dead letters are read once per run.
       let after: { at: string; jobId: string; consumer: string } | undefined;
+      complete = false;
       for (;;) {
         if (runOptions.signal?.aborted) break;
         if (runOptions.maxBatches !== undefined && batches >= runOptions.maxBatches) break;
@@ -238,24 +154,46 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
           : sql``;
         // Oldest first through the expiry index; SKIP LOCKED never waits on a
         // live transaction. A dry run reads the same pages without locking or deleting.
-        const page = sql`
-            select p.job_id, p.consumer, p.processed_at from core.processed_jobs p
-            where ${expired} ${position}
+        const lock = dryRun ? sql`` : sql`for update skip locked`;
+        // One CTE per part (a row lock is not allowed inside a UNION), then the
+        // page: the oldest `batchSize` of them.
+        const partPages = parts.map(
+          (part, i) => sql`part${sql.raw(String(i))} as (
+            select p.job_id, p.consumer, p.processed_at from ${part.table} p
+            where ${expired} and ${part.where("p")} ${position}
             order by p.processed_at, p.job_id, p.consumer
-            limit ${batchSize}`;
+            limit ${batchSize} ${lock})`,
+        );
+        const page =
+          parts.length === 1
+            ? sql`select * from part0`
+            : sql`select * from (${sql.join(
+                parts.map((_, i) => sql`select * from part${sql.raw(String(i))}`),
+                sql` union all `,
+              )}) u order by processed_at, job_id, consumer limit ${batchSize}`;
+        // Each part's rows are deleted from its own table (a partition's through
+        // the parent with its range, so only that partition is read).
+        const victims = parts.map(
+          (part, i) => sql`victim${sql.raw(String(i))} as (
+            delete from ${part.table} t using classified c
+            where t.job_id = c.job_id and t.consumer = c.consumer and ${part.where("t")} and not c.pending and not c.replay
+            returning 1
+          )`,
+        );
+        const deletedSum = sql.join(
+          parts.map((_, i) => sql`(select count(*)::int from victim${sql.raw(String(i))})`),
+          sql` + `,
+        );
+        const ctes = sql.join(partPages, sql`, `);
         const result = await db.execute(
           dryRun
             ? sql`
-          with page as (${page}), classified as (${classified})
+          with ${ctes}, page as (${page}), classified as (${classified})
           select (select count(*)::int from classified c where not c.pending and not c.replay) as deleted,
                  ${figures}, ${lastOfPage}`
             : sql`
-          with page as (${page} for update skip locked), classified as materialized (${classified}), victim as (
-            delete from core.processed_jobs t using classified c
-            where t.job_id = c.job_id and t.consumer = c.consumer and not c.pending and not c.replay
-            returning 1
-          )
-          select (select count(*)::int from victim) as deleted, ${figures}, ${lastOfPage}`,
+          with ${ctes}, page as (${page}), classified as materialized (${classified}), ${sql.join(victims, sql`, `)}
+          select ${deletedSum} as deleted, ${figures}, ${lastOfPage}`,
         );
         const [row] = rowsOf<{
           deleted: number;
@@ -277,6 +215,7 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         after = { at, jobId, consumer };
         if (pauseMs > 0 && !dryRun) await new Promise((resolve) => setTimeout(resolve, pauseMs));
       }
+      if (runOptions.signal?.aborted) complete = false;
       // Holds outlive no message they count: once the fences are done, the
       // expired holds of the same consumers go, in bounded SKIP LOCKED pages.
       let holdsDeleted = 0;
@@ -303,49 +242,14 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         keptForReplays: totals.replays,
         scanned: totals.scanned,
         batches,
+        partitionsDropped: partitions.dropped,
+        rowsMovedToDefault: partitions.moved,
+        partitionsKeptForOtherConsumers: partitions.keptForOtherConsumers.length,
+        partitionsDeferred: partitions.deferred,
         complete,
         durationMs: Math.round(performance.now() - started),
         dryRun,
       };
-    },
-  };
-}
-
-/**
- * Runs the cleanup every `intervalMs` until stopped; a failed run is reported
- * and the next one tries again. Runs never overlap.
- */
-export function scheduleFenceCleanup(
-  cleanup: FenceCleanup,
-  options: { intervalMs: number; onRun?: (report: CleanupReport) => void; onError?: (error: unknown) => void },
-): { stop(): Promise<void> } {
-  if (!Number.isFinite(options.intervalMs) || options.intervalMs <= 0 || options.intervalMs > MAX_TIMER_DELAY_MS) {
-    throw new InvalidConfigError(
-      `fence cleanup schedule: intervalMs must be positive and at most ${MAX_TIMER_DELAY_MS} ms (a timer's limit), got ${options.intervalMs}`,
-    );
-  }
-  const controller = new AbortController();
-  let running: Promise<void> | undefined;
-  const timer = setInterval(() => {
-    if (running) return; // the previous run is still going
-    running = cleanup
-      .run({ signal: controller.signal })
-      .then(
-        (r) => options.onRun?.(r),
-        (e: unknown) => options.onError?.(e),
-      )
-      // A throwing callback must not become an unhandled rejection.
-      .catch(() => {})
-      .finally(() => {
-        running = undefined;
-      });
-  }, options.intervalMs);
-  timer.unref();
-  return {
-    async stop() {
-      clearInterval(timer);
-      controller.abort();
-      await running;
     },
   };
 }
