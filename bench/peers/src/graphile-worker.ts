@@ -14,6 +14,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { type AddJobsJobSpec, Logger, makeWorkerUtils, type Runner, run, type Task } from "graphile-worker";
+import pg from "pg";
 import type { RunSpec, Sample } from "./config.ts";
 import {
   expectEffects,
@@ -59,11 +60,18 @@ export function runGraphileWorker(spec: RunSpec): Promise<Sample> {
       }
       progress.add();
     };
+    // The runners' pool is ours: ended before the database is dropped (with
+    // force), and heard, so a client it still holds when the drop ends its
+    // backend does not end the process with an unhandled 'error'.
+    const pool = new pg.Pool({ connectionString, max: spec.concurrency + 2 });
+    pool.on("error", () => {});
+    pool.on("connect", (client) => client.on("error", () => {}));
     const start = (): Promise<Runner> =>
       run({
         taskList: { [TASK]: task },
         noHandleSignals: true,
         logger: quietLogger,
+        pgPool: pool,
         preset: {
           worker: {
             connectionString,
@@ -108,6 +116,7 @@ export function runGraphileWorker(spec: RunSpec): Promise<Sample> {
       }
     } finally {
       await utils.release();
+      await pool.end();
     }
   });
 }
