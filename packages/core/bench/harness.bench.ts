@@ -1,15 +1,11 @@
 /**
  * `pnpm bench`: the harness against doing the same work by hand, on real
- * Postgres, in one process, interleaved so that all four see the same
+ * Postgres, in one process, interleaved so that all five see the same
  * machine state. Each job's handler inserts one ledger row through the
  * transaction it is given. Concurrency 16.
- *   (a) harness:     bindConsumer(...).deliver() — envelope parse, schema, fence, handler, metrics;
- *   (b) handwritten: what a module developer would write with the same stack —
- *                    JSON.parse, db.transaction, the fence through Drizzle with onConflictDoNothing, the handler;
- *   (c) raw:         hand-tuned postgres.js — BEGIN pipelined with the fence insert, prepared statements;
- *   (d) raw with Drizzle's query: (c), with the ledger insert built by Drizzle's query
- *                    builder (`toSQL()`) as the handler builds it, then sent as in (c):
- *                    the harness against raw postgres.js doing the same handler work.
+ * The variants are bench/path-variants.ts's: (a) the harness, (b) handwritten
+ * Drizzle, (c) raw postgres.js, (d) raw postgres.js with Drizzle's query, (e)
+ * the harness with its handler's query built once (`preparedQuery`).
  * Then the harness's jobs are delivered again (all duplicates), and the TTL
  * cleanup deletes 1,000,000 expired fence rows while 16 consumers keep going,
  * and the replay benchmarks of bench/replay.bench.ts run. Last, the child
@@ -18,128 +14,24 @@
  * (soak.bench.ts, SOAK_JOBS jobs); their keys join the JSON.
  * The last line printed is JSON (see README).
  */
-import { integer, pgTable, uuid } from "drizzle-orm/pg-core";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
-import { z } from "zod";
-import {
-  bindConsumer,
-  createEnvelope,
-  defineConsumer,
-  type Envelope,
-  processedJobs,
-  type WorkTransaction,
-} from "../src/index.ts";
+import { createEnvelope } from "../src/index.ts";
 import { createFenceCleanup } from "../src/maintenance/fence-cleanup.ts";
 import { benchDatabase } from "./bench-database.ts";
 import { runChildBenches } from "./child-bench.ts";
+import { CONCURRENCY, makeBodies, pathVariants, timed, type Variant } from "./path-variants.ts";
 import { replayBenchmarks } from "./replay.bench.ts";
 
 const JOBS = Number(process.env["BENCH_JOBS"] ?? 20_000);
-const CONCURRENCY = 16;
 const ROUNDS = 10;
 const WARMUP = 500;
 const CLEANUP_ROWS = Number(process.env["BENCH_CLEANUP_ROWS"] ?? 1_000_000);
 
-const ledger = pgTable("bench_ledger", { jobId: uuid("job_id").notNull(), amount: integer("amount").notNull() });
-const dataSchema = z.object({ amount: z.number().int() });
-type Data = z.infer<typeof dataSchema>;
-
-/** The one handler every variant runs. */
-async function credit(tx: WorkTransaction, jobId: string, data: Data) {
-  await tx.insert(ledger).values({ jobId, amount: data.amount });
-}
-
-function makeBodies(count: number): string[] {
-  return Array.from({ length: count }, (_, i) =>
-    JSON.stringify(createEnvelope({ tenantId: "bench", kind: "bench.credit.v1", data: { amount: i % 100 } })),
-  );
-}
-
-/** Runs `work` over `items` with `CONCURRENCY` loops; returns the wall time in ms. */
-async function timed<T>(items: readonly T[], work: (item: T) => Promise<unknown>): Promise<number> {
-  let next = 0;
-  const started = performance.now();
-  await Promise.all(
-    Array.from({ length: CONCURRENCY }, async () => {
-      while (next < items.length) {
-        const item = items[next++] as T;
-        await work(item);
-      }
-    }),
-  );
-  return performance.now() - started;
-}
-
 const bench = await benchDatabase("harness", CONCURRENCY);
 const { server, url, sql } = bench;
 try {
-  const db = drizzle({ client: sql });
-
-  const consumer = defineConsumer({
-    name: "bench.credit",
-    queue: "bench.credits",
-    kind: "bench.credit.v1",
-    schema: dataSchema,
-    handle: (data, ctx) => credit(ctx.tx, ctx.envelope.job_id, data),
-  });
-  const bound = bindConsumer(consumer, { db });
-
-  /** The raw variants' transaction; `insert` writes the ledger row. */
-  async function raw(
-    body: string,
-    insert: (conn: postgres.ReservedSql, envelope: Envelope<Data>) => Promise<unknown>,
-  ): Promise<void> {
-    const envelope = JSON.parse(body) as Envelope<Data>;
-    const conn = await sql.reserve();
-    try {
-      // BEGIN and the fence go out together; postgres.js pipelines them on the connection.
-      const begin = conn`begin`.execute();
-      const fence = conn`insert into core.processed_jobs (job_id, consumer) values (${envelope.job_id}, 'bench.raw')
-                         on conflict do nothing returning 1`.execute();
-      await begin;
-      if ((await fence).length === 0) {
-        await conn`commit`;
-        return;
-      }
-      await insert(conn, envelope);
-      await conn`commit`;
-    } catch (error) {
-      await conn`rollback`.catch(() => {});
-      throw error;
-    } finally {
-      conn.release();
-    }
-  }
-
-  const variants = {
-    harness: async (body: string) => {
-      const result = await bound.deliver({ body, deliveryCount: 1 });
-      if (result.outcome !== "success") throw new Error(`harness: unexpected ${result.outcome}`);
-    },
-    handwritten_drizzle: async (body: string) => {
-      const envelope = JSON.parse(body) as Envelope<Data>;
-      await db.transaction(async (tx) => {
-        const fence = await tx
-          .insert(processedJobs)
-          .values({ jobId: envelope.job_id, consumer: "bench.handwritten" })
-          .onConflictDoNothing()
-          .returning({ jobId: processedJobs.jobId });
-        if (fence.length === 0) return;
-        await credit(tx, envelope.job_id, envelope.data);
-      });
-    },
-    raw_postgresjs: (body: string) =>
-      raw(body, (conn, envelope) =>
-        conn`insert into bench_ledger (job_id, amount) values (${envelope.job_id}, ${envelope.data.amount})`.execute(),
-      ),
-    raw_postgresjs_drizzle_query: (body: string) =>
-      raw(body, (conn, envelope) => {
-        const query = db.insert(ledger).values({ jobId: envelope.job_id, amount: envelope.data.amount }).toSQL();
-        return conn.unsafe(query.sql, query.params as never[], { prepare: true });
-      }),
-  } as const;
-  type Variant = keyof typeof variants;
+  const { consumer, bound, variants } = pathVariants(sql);
   const names = Object.keys(variants) as Variant[];
 
   // Warm up connections, prepared statements and the JIT, off the clock.
@@ -223,6 +115,8 @@ try {
     ratio_raw: Number((elapsed.raw_postgresjs / elapsed.harness).toFixed(3)),
     raw_postgresjs_drizzle_query_jobs_per_s: rate(elapsed.raw_postgresjs_drizzle_query),
     ratio_raw_drizzle_query: Number((elapsed.raw_postgresjs_drizzle_query / elapsed.harness).toFixed(3)),
+    harness_prepared_jobs_per_s: rate(elapsed.harness_prepared),
+    ratio_raw_prepared: Number((elapsed.raw_postgresjs / elapsed.harness_prepared).toFixed(3)),
     duplicate_jobs_per_s: rate(duplicateMs),
     cleanup_deleted_rows_per_s: Math.round((cleaned.deleted / cleanupMs) * 1000),
     cleanup_p99_ratio: Number((p99(during) / p99(before)).toFixed(3)),

@@ -35,6 +35,8 @@ export {
 } from "./consumer.ts";
 export type { ConsumerVersion } from "./db/consumer-versions.ts";
 export { reportConsumerVersions } from "./db/consumer-versions.ts";
+export type { BindPrepared, Preparable } from "./db/prepared-query.ts";
+export { preparedQuery } from "./db/prepared-query.ts";
 export type {
   AlertWindowRow,
   DeadLetterErrorClass,

@@ -596,6 +596,11 @@ export function handlerTransaction(driver: Driver, conn: DriverConnection, gate:
   return new SavepointTransaction({ dialect, session, schema }, 0) as unknown as WorkTransaction;
 }
 
+/** Whether `tx` is a handler's work transaction (or a savepoint of one) made by this engine. */
+export function isWorkTransaction(tx: unknown): boolean {
+  return tx instanceof SavepointTransaction;
+}
+
 /** The parts a transaction is made of (Drizzle keeps them out of its public types). */
 interface TransactionParts {
   readonly dialect: unknown;

@@ -1,0 +1,125 @@
+/**
+ * A handler's hot query, built once per consumer's database and bound to each
+ * job's work transaction (#23 item 2).
+ *
+ * Drizzle's `.prepare()` binds a query to the session it was built on. A
+ * handler's `tx` is made per job (it is the job's work transaction, behind
+ * the gate that closes before COMMIT), so a query prepared on one job's `tx`
+ * cannot serve the next, and one prepared on `db` would run on another
+ * connection, outside the work transaction, beside the fence: not
+ * exactly-once. `preparedQuery` builds the query once (Drizzle's query
+ * builder costs a handler more client CPU than the rest of the harness's
+ * per-job work) and gives each job a copy bound to that job's `tx`: its
+ * statements go through the job's gate, in the job's transaction, and are
+ * undone with it.
+ *
+ * The copy is Drizzle's own prepared query with its client swapped (every
+ * driver's prepared query keeps the session's client as `client`). Where a
+ * Drizzle version does not (the built query's client is not the session's),
+ * the query is built again for each job: slower, never wrong.
+ */
+import { InvalidConfigError } from "../errors.ts";
+import type { WorkTransaction } from "./types.ts";
+import { isWorkTransaction } from "./work-transaction.ts";
+
+/** What `build` returns: any Drizzle query builder (select, insert, update, delete, relational, `$count`…). */
+export interface Preparable {
+  prepare(name: string): object;
+}
+
+/** The job's copy of the query, as `build(tx).prepare(name)` returns it. */
+export type BindPrepared<TQuery extends Preparable> = (tx: WorkTransaction) => ReturnType<TQuery["prepare"]>;
+
+interface SessionParts {
+  readonly client: unknown;
+  readonly dialect: object;
+}
+
+/** The first job's prepared query, per Drizzle database (its dialect), or `rebuild` when it cannot be copied. */
+type Template = object | "rebuild";
+
+const NAME = /^[a-z_][a-z0-9_]{0,62}$/i;
+
+/**
+ * Declares a handler's hot query, built once: `build` gets a work
+ * transaction and returns a Drizzle query builder whose varying values are
+ * `sql.placeholder(...)`; the result binds it to a job's `tx`:
+ *
+ *     const credit = preparedQuery("loyalty_credit", (tx) =>
+ *       tx.insert(ledger).values({ jobId: sql.placeholder("jobId"), amount: sql.placeholder("amount") }));
+ *     // in the handler:
+ *     await credit(tx).execute({ jobId: envelope.job_id, amount: data.amount });
+ *
+ * `name` is the statement's name where the driver names statements
+ * (node-postgres): one per query text, a Postgres identifier. Only a
+ * handler's `tx` (or a savepoint of it) is accepted: a query bound to `db`
+ * would not be part of the work transaction.
+ */
+export function preparedQuery<TQuery extends Preparable>(
+  name: string,
+  build: (tx: WorkTransaction) => TQuery,
+): BindPrepared<TQuery> {
+  if (typeof name !== "string" || !NAME.test(name)) {
+    throw new InvalidConfigError(
+      `preparedQuery: the name must be a Postgres identifier of letters, digits and underscores (at most 63, not starting with a digit), got ${JSON.stringify(name)}`,
+    );
+  }
+  if (typeof build !== "function") {
+    throw new InvalidConfigError(`preparedQuery "${name}": build must be a function of the handler's tx`);
+  }
+  const templates = new WeakMap<object, Template>();
+  return (tx) => {
+    if (!isWorkTransaction(tx)) {
+      throw new InvalidConfigError(
+        `preparedQuery "${name}": bind it to the handler's tx (ctx.tx, or a savepoint of it), not to a database or another transaction: anywhere else its statements would run outside the work transaction that holds the job's fence`,
+      );
+    }
+    const session = (tx as unknown as { session: SessionParts }).session;
+    const template = templates.get(session.dialect);
+    if (template === undefined) {
+      const prepared = buildOn(tx, name, build);
+      templates.set(session.dialect, copyable(prepared, session));
+      return prepared as ReturnType<TQuery["prepare"]>;
+    }
+    if (template === "rebuild") return buildOn(tx, name, build) as ReturnType<TQuery["prepare"]>;
+    return Object.assign(Object.create(Object.getPrototypeOf(template)), template, { client: session.client });
+  };
+}
+
+/**
+ * The SQL each name was built with, process-wide: node-postgres prepares a
+ * named statement once per connection and refuses the same name with other
+ * text, on whichever job first meets both.
+ */
+const textOfName = new Map<string, string>();
+
+function buildOn(tx: WorkTransaction, name: string, build: (tx: WorkTransaction) => Preparable): object {
+  const query = build(tx);
+  if (typeof query?.prepare !== "function") {
+    throw new InvalidConfigError(
+      `preparedQuery "${name}": build must return a Drizzle query builder (something with .prepare()), got ${query === null ? "null" : typeof query}`,
+    );
+  }
+  const prepared = query.prepare(name);
+  const text = (prepared as { getQuery?: () => { sql?: unknown } }).getQuery?.().sql;
+  if (typeof text === "string") {
+    const known = textOfName.get(name);
+    if (known !== undefined && known !== text) {
+      throw new InvalidConfigError(
+        `preparedQuery "${name}": another query was declared under this name (${known}); each needs a name of its own, as a named statement's text cannot change on a connection`,
+      );
+    }
+    textOfName.set(name, text);
+  }
+  return prepared;
+}
+
+/**
+ * The template of later jobs' copies, if `prepared` keeps the session's
+ * client as `client` (so swapping it moves the query to another job's
+ * transaction). It keeps no job's client, nor the connection behind it.
+ */
+function copyable(prepared: object, session: SessionParts): Template {
+  if ((prepared as { client?: unknown }).client !== session.client || session.client === undefined) return "rebuild";
+  return Object.assign(Object.create(Object.getPrototypeOf(prepared)), prepared, { client: undefined });
+}
