@@ -31,7 +31,17 @@ export interface RunSpec {
   readonly adminUrl: string;
   /** The pgbench binary (only for `pgbench`). */
   readonly pgbench?: string;
+  /** How the harness's handler writes the effect (only for `harness`, `harness_batched`). */
+  readonly handler?: HarnessHandler;
 }
+
+/**
+ * `prepared`: the insert built once by `preparedQuery` (the README's form for
+ * a hot query); `builder`: `tx.insert(effects).values(…)`, built by Drizzle
+ * on every job.
+ */
+export const HARNESS_HANDLERS = ["prepared", "builder"] as const;
+export type HarnessHandler = (typeof HARNESS_HANDLERS)[number];
 
 /** What one system's process reports: its last stdout line, as JSON. */
 export interface Sample {
@@ -53,6 +63,7 @@ export interface BenchOptions {
   readonly rounds: number;
   readonly concurrency: number;
   readonly systems: readonly SystemName[];
+  readonly handler: HarnessHandler;
 }
 
 function positiveInt(name: string, fallback: number): number {
@@ -63,7 +74,7 @@ function positiveInt(name: string, fallback: number): number {
   return value;
 }
 
-/** PEERS_N (20000), PEERS_ROUNDS (3), PEERS_CONCURRENCY (16), PEERS_SYSTEMS (all, comma list). */
+/** PEERS_N (20000), PEERS_ROUNDS (3), PEERS_CONCURRENCY (16), PEERS_SYSTEMS (all, comma list), PEERS_HANDLER (prepared). */
 export function benchOptions(): BenchOptions {
   const listed = (process.env["PEERS_SYSTEMS"] ?? "")
     .split(",")
@@ -73,7 +84,12 @@ export function benchOptions(): BenchOptions {
   if (unknown.length > 0) {
     throw new Error(`PEERS_SYSTEMS: unknown ${unknown.join(", ")}; known: ${SYSTEMS.join(", ")}`);
   }
+  const handler = process.env["PEERS_HANDLER"] || "prepared";
+  if (!(HARNESS_HANDLERS as readonly string[]).includes(handler)) {
+    throw new Error(`PEERS_HANDLER: ${handler} is not one of ${HARNESS_HANDLERS.join(", ")}`);
+  }
   return {
+    handler: handler as HarnessHandler,
     jobs: positiveInt("PEERS_N", 20_000),
     rounds: positiveInt("PEERS_ROUNDS", 3),
     concurrency: positiveInt("PEERS_CONCURRENCY", 16),

@@ -5,12 +5,17 @@
  * consumer inserts the effect through Drizzle in `tx`, in the transaction
  * that writes the fence. postgres.js pool of 10, core's migrations applied.
  *
+ * The handler writes the effect with a query built once by `preparedQuery`
+ * (spec.handler "prepared", the default), or with `tx.insert(...)` built by
+ * Drizzle on every job ("builder").
+ *
  * `harness_batched` gives the definition `batch: { maxSize: 8, maxWaitMs: 2 }`:
  * deliveries that arrive together share one work transaction (one multi-row
  * fence insert, a savepoint per job, one COMMIT).
  */
-import { bindConsumer, createEnvelope, defineConsumer } from "@softcrum/core";
+import { bindConsumer, createEnvelope, defineConsumer, preparedQuery } from "@softcrum/core";
 import { migrateCore } from "@softcrum/core/migrate";
+import { sql as drizzleSql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { z } from "zod";
@@ -43,8 +48,13 @@ async function timed<T>(items: readonly T[], loops: number, work: (item: T) => P
   return performance.now() - started;
 }
 
+const creditPrepared = preparedQuery("peers_credit", (tx) =>
+  tx.insert(effects).values({ jobId: drizzleSql.placeholder("jobId"), amount: drizzleSql.placeholder("amount") }),
+);
+
 export function runHarness(spec: RunSpec): Promise<Sample> {
   const batched = spec.system === "harness_batched";
+  const prepared = (spec.handler ?? "prepared") === "prepared";
   return withFreshDatabases(spec, [{ label: spec.system, effects: true }], async ([database]) => {
     if (!database) throw new Error("no database");
     await migrateCore(database.url);
@@ -56,7 +66,8 @@ export function runHarness(spec: RunSpec): Promise<Sample> {
         kind: KIND,
         schema: z.object({ amount: z.number().int() }),
         async handle(data, { tx, envelope }) {
-          await tx.insert(effects).values({ jobId: envelope.job_id, amount: data.amount });
+          if (prepared) await creditPrepared(tx).execute({ jobId: envelope.job_id, amount: data.amount });
+          else await tx.insert(effects).values({ jobId: envelope.job_id, amount: data.amount });
         },
         ...(batched ? BATCH_OPTION : {}),
       });

@@ -71,3 +71,24 @@ describe("pnpm bench:peers", () => {
     }
   });
 });
+
+describe("PEERS_HANDLER", () => {
+  it("builder: the harness systems run with Drizzle's builder in the handler, each effect exactly once", async () => {
+    const run = await runBench({
+      PEERS_N: "500",
+      PEERS_ROUNDS: "1",
+      PEERS_SYSTEMS: "harness,harness_batched",
+      PEERS_HANDLER: "builder",
+    });
+    expect(run.code, `exit ${run.code}:\n${run.stderr.slice(-3000)}`).toBe(0);
+    expect(run.stdout).toContain("harness handler builder");
+    const result = JSON.parse(run.stdout.trim().split("\n").at(-1) ?? "") as Record<string, unknown>;
+    expect(positive(result["harness_jobs_per_s"]) && positive(result["harness_batched_jobs_per_s"])).toBe(true);
+  });
+
+  it("anything else is refused with the accepted values, before any database is made", async () => {
+    const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", PEERS_HANDLER: "raw" });
+    expect(run.code).not.toBe(0);
+    expect(run.stderr).toContain("PEERS_HANDLER: raw is not one of prepared, builder");
+  });
+});
