@@ -11,19 +11,32 @@
  * The envelopes are built beforehand, outside both timings. Goal: adapter
  * ≤ 1.2 × direct, and a cost per job that does not grow with N.
  *
- * Run: npx tsx packages/core/bench/memory-adapter.bench.ts
+ * Then the same comparison with the harness itself (the issue's table: "the
+ * harness through the in-process adapter"): HARNESS_N jobs (default 20,000)
+ * of bench/path-variants.ts's consumer over Postgres, delivered by 16 loops
+ * calling its deliver(), against published to `createMemoryQueue` with
+ * concurrency 16 and drained. Goal: harness_ratio ≤ 1.2 (HARNESS_N=0 skips it).
+ *
+ * Run: pnpm --filter @softcrum/core bench:memory
  * Each timing is the median of ROUNDS runs (default 3).
- * The last line is JSON: {"n", "direct_ms", "adapter_ms", "ratio"}.
+ * The last line is JSON: {"n", "direct_ms", "adapter_ms", "ratio", "harness_n",
+ * "harness_direct_ms", "harness_adapter_ms", "harness_ratio"}.
  */
 import { performance } from "node:perf_hooks";
 import { createMemoryQueue } from "../src/adapters/memory/index.ts";
 import { createManualClock } from "../src/clock.ts";
 import { createEnvelope, type Envelope } from "../src/envelope.ts";
 import type { BoundConsumer, Delivery, DeliveryResult } from "../src/queue-port.ts";
+import { benchDatabase } from "./bench-database.ts";
+import { CONCURRENCY as HARNESS_CONCURRENCY, makeBodies, pathVariants, timed } from "./path-variants.ts";
 
 const N = Number(process.env["N"] ?? 100_000);
+const HARNESS_N = Number(process.env["HARNESS_N"] ?? 20_000);
 const CONCURRENCY = Number(process.env["CONCURRENCY"] ?? 4);
 if (!Number.isInteger(N) || N <= 0) throw new Error(`N must be a positive integer, not ${process.env["N"]}`);
+if (!Number.isInteger(HARNESS_N) || HARNESS_N < 0) {
+  throw new Error(`HARNESS_N must be a whole number (0 skips the harness), not ${process.env["HARNESS_N"]}`);
+}
 
 const ACK: DeliveryResult = { outcome: "success", ack: true };
 
@@ -121,11 +134,64 @@ const delayedFirstMs = await median(() => delayedFirst());
 console.log(`direct:  ${round(directMs)} ms (${round((directMs * 1000) / N)} µs/job)`);
 console.log(`adapter: ${round(adapterMs)} ms (${round((adapterMs * 1000) / N)} µs/job)`);
 console.log(JSON.stringify({ n: N, delayed_first_ms: round(delayedFirstMs) }));
+
+/**
+ * The harness over Postgres: deliver() called by 16 loops, against the same
+ * jobs published to the in-process queue (concurrency 16) and drained; the
+ * median of ROUNDS runs of each, alternated, each run on fresh jobs.
+ */
+async function harnessRatio(): Promise<Record<string, number>> {
+  const bench = await benchDatabase("memory", HARNESS_CONCURRENCY);
+  try {
+    const { bound } = pathVariants(bench.sql);
+    const direct = async (bodies: string[]) =>
+      timed(bodies, async (body) => {
+        const result = await bound.deliver({ body, deliveryCount: 1 });
+        if (result.outcome !== "success") throw new Error(`harness direct: ${result.outcome}`);
+      });
+    const throughQueue = async (bodies: string[]) => {
+      const queue = createMemoryQueue({ concurrency: HARNESS_CONCURRENCY });
+      queue.subscribe(bound);
+      const envelopes = bodies.map((body) => JSON.parse(body) as Envelope);
+      const started = performance.now();
+      for (const envelope of envelopes) await queue.publish(bound.queue, envelope);
+      await queue.drain();
+      const ms = performance.now() - started;
+      const pending = queue.pending();
+      await queue.close();
+      if (pending !== 0) throw new Error(`harness through the queue: ${pending} pending`);
+      return ms;
+    };
+    await direct(makeBodies(500));
+    await throughQueue(makeBodies(500));
+    const directTimes: number[] = [];
+    const queueTimes: number[] = [];
+    for (let i = 0; i < ROUNDS; i++) {
+      directTimes.push(await direct(makeBodies(HARNESS_N)));
+      queueTimes.push(await throughQueue(makeBodies(HARNESS_N)));
+    }
+    const [row] = await bench.sql<{ n: number }[]>`select count(*)::int as n from bench_ledger`;
+    const expected = 1000 + 2 * ROUNDS * HARNESS_N;
+    if (row?.n !== expected) throw new Error(`harness: ${row?.n} ledger rows, expected ${expected}`);
+    const mid = (times: number[]) => [...times].sort((a, b) => a - b)[Math.floor(times.length / 2)] as number;
+    return {
+      harness_n: HARNESS_N,
+      harness_direct_ms: round(mid(directTimes)),
+      harness_adapter_ms: round(mid(queueTimes)),
+      harness_ratio: Math.round((mid(queueTimes) / mid(directTimes)) * 100) / 100,
+    };
+  } finally {
+    await bench.drop();
+  }
+}
+
+const harness = HARNESS_N > 0 ? await harnessRatio() : {};
 console.log(
   JSON.stringify({
     n: N,
     direct_ms: round(directMs),
     adapter_ms: round(adapterMs),
     ratio: Math.round((adapterMs / directMs) * 100) / 100,
+    ...harness,
   }),
 );
