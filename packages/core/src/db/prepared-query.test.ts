@@ -4,7 +4,7 @@
  * job's: committed with the fence, undone with the job, refused once the run
  * is over, never run on another connection.
  */
-import { sql } from "drizzle-orm";
+import { eq, sql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { describe, expect, test } from "vitest";
@@ -60,6 +60,24 @@ describe.each(matrix)("on %s", (c) => {
          from test_effects e join core.processed_jobs f on f.job_id = e.job_id order by e.amount`,
     );
     expect(rows).toEqual(envelopes.map((_, i) => ({ amount: i + 1, same: true })));
+  });
+
+  test("a prepared select maps its rows on every job's copy, and reads the job's own uncommitted write", async () => {
+    const { bind } = creditQuery();
+    const read = preparedQuery("prepared_read", (tx) =>
+      tx
+        .select({ amount: effects.amount, consumer: effects.consumer })
+        .from(effects)
+        .where(eq(effects.jobId, sql.placeholder("jobId"))),
+    );
+    const seen: unknown[] = [];
+    const definition = consumer(async (data, { tx, envelope }) => {
+      await bind(tx).execute({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      seen.push(await read(tx).execute({ jobId: envelope.job_id }));
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    for (const n of [4, 5, 6]) expect((await deliver(bound, job(n))).outcome).toBe("success");
+    expect(seen).toEqual([4, 5, 6].map((amount) => [{ amount, consumer: "c" }]));
   });
 
   test("a handler that throws after the query leaves neither its row nor a fence; the retry writes it once", async () => {
