@@ -50,8 +50,8 @@ const NAME = /^[a-z_][a-z0-9_]{0,62}$/i;
  *     // in the handler:
  *     await credit(tx).execute({ jobId: envelope.job_id, amount: data.amount });
  *
- * `name` is the statement's name where the driver names statements
- * (node-postgres): one per query text, a Postgres identifier. Only a
+ * `name` is the name Drizzle's `.prepare(name)` is given, a Postgres
+ * identifier; no driver sends it as a named statement (see `unnamed`). Only a
  * handler's `tx` (or a savepoint of it) is accepted: a query bound to `db`
  * would not be part of the work transaction.
  */
@@ -86,13 +86,6 @@ export function preparedQuery<TQuery extends Preparable>(
   };
 }
 
-/**
- * The SQL each name was built with, process-wide: node-postgres prepares a
- * named statement once per connection and refuses the same name with other
- * text, on whichever job first meets both.
- */
-const textOfName = new Map<string, string>();
-
 function buildOn(tx: WorkTransaction, name: string, build: (tx: WorkTransaction) => Preparable): object {
   const query = build(tx);
   if (typeof query?.prepare !== "function") {
@@ -100,16 +93,22 @@ function buildOn(tx: WorkTransaction, name: string, build: (tx: WorkTransaction)
       `preparedQuery "${name}": build must return a Drizzle query builder (something with .prepare()), got ${query === null ? "null" : typeof query}`,
     );
   }
-  const prepared = query.prepare(name);
-  const text = (prepared as { getQuery?: () => { sql?: unknown } }).getQuery?.().sql;
-  if (typeof text === "string") {
-    const known = textOfName.get(name);
-    if (known !== undefined && known !== text) {
-      throw new InvalidConfigError(
-        `preparedQuery "${name}": another query was declared under this name (${known}); each needs a name of its own, as a named statement's text cannot change on a connection`,
-      );
-    }
-    textOfName.set(name, text);
+  return unnamed(query.prepare(name));
+}
+
+/**
+ * node-postgres sends a prepared query under its name, as a named statement
+ * of the server connection, which a transaction-mode pooler does not keep
+ * (the next transaction may get another connection): the copies go unnamed,
+ * as the harness's own statements and the handler's other queries do on
+ * node-postgres. postgres.js prepares by text exactly when the client
+ * prepares its other queries (never with `prepare: false`), whatever the name.
+ */
+function unnamed(prepared: object): object {
+  const named = prepared as { rawQueryConfig?: unknown; queryConfig?: unknown };
+  for (const key of ["rawQueryConfig", "queryConfig"] as const) {
+    const config = named[key];
+    if (typeof config === "object" && config !== null && "name" in config) named[key] = { ...config, name: undefined };
   }
   return prepared;
 }
