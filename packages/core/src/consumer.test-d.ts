@@ -1,6 +1,14 @@
+import { eq, sql } from "drizzle-orm";
+import { integer, pgTable, uuid } from "drizzle-orm/pg-core";
 import { expectTypeOf, test } from "vitest";
 import { z } from "zod";
-import { defineConsumer, type HandlerContext, type OutboxReceipt, type WorkTransaction } from "./index.ts";
+import {
+  defineConsumer,
+  type HandlerContext,
+  type OutboxReceipt,
+  preparedQuery,
+  type WorkTransaction,
+} from "./index.ts";
 
 test("the handler's data is the output type of the consumer's schema", () => {
   defineConsumer({
@@ -30,4 +38,25 @@ test("a handler must return a promise and the schema must be given", () => {
   });
   // @ts-expect-error schema is required
   defineConsumer({ name: "t.y", queue: "t.q", kind: "k.v1", handle: async () => {} });
+});
+
+test("preparedQuery: a job's copy is what the builder's .prepare() returns, its execute typed by the query", () => {
+  const ledger = pgTable("ledger", { jobId: uuid("job_id").notNull(), points: integer("points").notNull() });
+  const read = preparedQuery("read_points", (tx) =>
+    tx
+      .select({ points: ledger.points })
+      .from(ledger)
+      .where(eq(ledger.jobId, sql.placeholder("jobId"))),
+  );
+  defineConsumer({
+    name: "t.prepared",
+    queue: "t.q",
+    kind: "k.v1",
+    schema: z.object({}),
+    async handle(_data, { tx, envelope }) {
+      expectTypeOf(read(tx).execute({ jobId: envelope.job_id })).resolves.toEqualTypeOf<{ points: number }[]>();
+      // @ts-expect-error it binds to a work transaction, never to nothing
+      read();
+    },
+  });
 });
