@@ -3,7 +3,7 @@
 // `config.driver`), fed by the Vercel
 // adapter's poll loop through the real @vercel/queue SDK, against the fake
 // Vercel Queues server behind the run's hostile broker. Its handler writes
-// the job's effect through `tx` and then meets faults drawn from the run's seed. It prints `STATS <json>` (outcome counts) every
+// the job's effect through `tx` (a `preparedQuery` copy) and then meets faults drawn from the run's seed. It prints `STATS <json>` (outcome counts) every
 // second, and exits 0 on SIGTERM once its deliveries in flight have ended.
 // It appends each delivery's receipt, handler start (with `ctx.attempt`) and
 // end to `config.runLog` as they happen, for the run's "attempts never above
@@ -12,6 +12,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import { appendFileSync } from "node:fs";
 import { sql } from "drizzle-orm";
 import { drizzle as drizzleNodePg } from "drizzle-orm/node-postgres";
+import { integer, pgTable, text, uuid } from "drizzle-orm/pg-core";
 import { drizzle } from "drizzle-orm/postgres-js";
 import pg from "pg";
 import postgres from "postgres";
@@ -21,6 +22,7 @@ import {
   bindConsumer,
   type HandlerContext,
   PermanentError,
+  preparedQuery,
   RateLimitedError,
 } from "../src/index.ts";
 import { TEST_QUEUE_SECRET } from "../test/fake-vercel-queues.ts";
@@ -124,6 +126,22 @@ const consumer = chaosConsumer(async (data, ctx) => {
   }
 }, config.batch);
 
+const chaosEffects = pgTable("chaos_effects", {
+  jobId: uuid("job_id").notNull(),
+  consumer: text("consumer").notNull(),
+  customer: text("customer").notNull(),
+  amount: integer("amount").notNull(),
+});
+/** The effect, built once and bound to each job's tx (#23): the copies meet every kill and restart of the run. */
+const insertEffect = preparedQuery("chaos_effect", (tx) =>
+  tx.insert(chaosEffects).values({
+    jobId: sql.placeholder("jobId"),
+    consumer: CHAOS_CONSUMER,
+    customer: sql.placeholder("customer"),
+    amount: sql.placeholder("amount"),
+  }),
+);
+
 async function handle(data: ChaosData, { tx, envelope }: HandlerContext): Promise<void> {
   // The operator fixed what made this job fail before replaying it (chaos.ts
   // records that here): it runs clean from then on.
@@ -131,9 +149,7 @@ async function handle(data: ChaosData, { tx, envelope }: HandlerContext): Promis
   const clean = repaired.length > 0;
   if (!clean && data.fate === "permanent") throw new PermanentError("chaos: the customer account is closed");
   if (!clean && data.fate === "exhaust") throw new Error("chaos: the downstream service keeps failing");
-  await tx.execute(
-    sql`insert into chaos_effects (job_id, consumer, customer, amount) values (${envelope.job_id}, ${CHAOS_CONSUMER}, ${data.customer}, ${data.points})`,
-  );
+  await insertEffect(tx).execute({ jobId: envelope.job_id, customer: data.customer, amount: data.points });
   // The customer's running balance: deliveries with the same ordering key
   // (the customer) are serialised by the harness, so this never deadlocks.
   await tx.execute(
