@@ -4,7 +4,7 @@
  * job's: committed with the fence, undone with the job, refused once the run
  * is over, never run on another connection.
  */
-import { eq, sql } from "drizzle-orm";
+import { and, eq, sql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { describe, expect, test } from "vitest";
@@ -16,6 +16,7 @@ import { InvalidConfigError } from "../errors.ts";
 import type { BoundConsumer } from "../queue-port.ts";
 import { WorkTransactionOverError } from "./errors.ts";
 import { preparedQuery } from "./prepared-query.ts";
+import { processedJobs } from "./schema.ts";
 import type { WorkTransaction } from "./types.ts";
 
 const matrix = useDriverMatrix("prepared-query", {
@@ -199,36 +200,97 @@ describe("on postgres.js", () => {
   });
 });
 
-describe("a query Drizzle does not let us copy", () => {
-  const [server] = useDriverMatrix("prepared-query-rebuild", {
+describe("a query that would not run on the job's tx", () => {
+  const [server] = useDriverMatrix("prepared-query-elsewhere", {
     drivers: ["postgres.js"],
     isolations: ["read committed"],
   });
 
-  test("is built again for each job: slower, never bound to another job's transaction", async () => {
+  test("built on db by a build that ignores its tx, or a builder whose prepared query keeps no client: InvalidConfigError before anything runs, nothing written", async () => {
     if (!server) throw new Error("no server case");
-    let builds = 0;
-    // A builder whose prepared query keeps no `client`: it cannot be moved to another job's tx.
-    const bind = preparedQuery("opaque", (tx) => {
-      builds += 1;
-      return {
-        prepare: () => ({
-          run: (values: { jobId: string; amount: number }) =>
-            tx.insert(effects).values({ jobId: values.jobId, consumer: "opaque", amount: values.amount }),
-        }),
-      };
-    });
+    const db = server.db(2);
+    const onDb = preparedQuery("prepared_on_db", () =>
+      db.insert(effects).values({ jobId: sql.placeholder("jobId"), consumer: "db", amount: 1 }),
+    );
+    const opaque = preparedQuery("prepared_opaque", (tx) => ({
+      prepare: () => ({ run: (jobId: string) => tx.insert(effects).values({ jobId, consumer: "opaque", amount: 2 }) }),
+    }));
+    const errors: unknown[] = [];
     const definition = consumer(async (data, { tx, envelope }) => {
-      await bind(tx).run({ jobId: envelope.job_id, amount: data.n });
+      try {
+        if (data.n === 1) await onDb(tx).execute({ jobId: envelope.job_id });
+        else await opaque(tx).run(envelope.job_id);
+      } catch (error) {
+        errors.push(error);
+        throw error;
+      }
     });
-    const bound = bindConsumer(definition, { db: server.db(2), logger: silentLogger });
-    for (const n of [1, 2, 3]) expect((await deliver(bound, job(n))).outcome).toBe("success");
-    expect(builds).toBe(3);
-    expect(await server.rows("select amount from test_effects order by amount")).toEqual([
-      { amount: 1 },
-      { amount: 2 },
-      { amount: 3 },
-    ]);
+    const bound = bindConsumer(definition, { db, logger: silentLogger });
+    for (const n of [1, 2, 1, 2]) expect((await deliver(bound, job(n))).outcome).toBe("retry");
+    expect(errors).toHaveLength(4);
+    for (const error of errors) {
+      expect(error).toBeInstanceOf(InvalidConfigError);
+      expect(String(error)).toMatch(/does not run on the tx it was given/);
+    }
+    expect(await server.rows("select 1 from test_effects")).toEqual([]);
+  });
+
+  test("update, delete, a join and a relational query work on copies, each reading its own job's rows", async () => {
+    if (!server) throw new Error("no server case");
+    const client = postgres(server.url, { max: 2, onnotice: () => {} });
+    try {
+      const db = drizzle({ client, schema: { effects } });
+      const { bind } = creditQuery("prepared_rel_credit");
+      const raise = preparedQuery("prepared_raise", (tx) =>
+        tx
+          .update(effects)
+          .set({ amount: sql`${effects.amount} * 10` })
+          .where(eq(effects.jobId, sql.placeholder("jobId"))),
+      );
+      const joined = preparedQuery("prepared_join", (tx) =>
+        tx
+          .select({ amount: effects.amount, fenced: processedJobs.jobId })
+          .from(effects)
+          .innerJoin(processedJobs, eq(processedJobs.jobId, effects.jobId))
+          .where(eq(effects.jobId, sql.placeholder("jobId"))),
+      );
+      const related = preparedQuery("prepared_related", (tx) =>
+        (tx as unknown as typeof db).query.effects.findMany({
+          where: (e, { eq: equals }) => equals(e.jobId, sql.placeholder("jobId")),
+          columns: { amount: true },
+        }),
+      );
+      const drop = preparedQuery("prepared_drop", (tx) =>
+        tx.delete(effects).where(and(eq(effects.jobId, sql.placeholder("jobId")), eq(effects.consumer, "gone"))),
+      );
+      const seen: unknown[] = [];
+      const definition = consumer(async (data, { tx, envelope }) => {
+        const jobId = envelope.job_id;
+        await bind(tx).execute({ jobId, consumer: "c", amount: data.n });
+        await bind(tx).execute({ jobId, consumer: "gone", amount: data.n });
+        await raise(tx).execute({ jobId });
+        await drop(tx).execute({ jobId });
+        const rows = await joined(tx).execute({ jobId });
+        seen.push([
+          rows.map((r) => ({ amount: r.amount, fenced: r.fenced === jobId })),
+          await related(tx).execute({ jobId }),
+        ]);
+      });
+      const bound = bindConsumer(definition, { db, logger: silentLogger });
+      const outcomes = await Promise.all([1, 2, 3].map((n) => deliver(bound, job(n))));
+      expect(outcomes.map((o) => o.outcome)).toEqual(["success", "success", "success"]);
+      expect(seen).toHaveLength(3);
+      expect(new Set(seen.map((s) => JSON.stringify(s)))).toEqual(
+        new Set([10, 20, 30].map((amount) => JSON.stringify([[{ amount, fenced: true }], [{ amount }]]))),
+      );
+      expect(await server.rows("select amount from test_effects order by amount")).toEqual([
+        { amount: 10 },
+        { amount: 20 },
+        { amount: 30 },
+      ]);
+    } finally {
+      await client.end({ timeout: 5 });
+    }
   });
 });
 

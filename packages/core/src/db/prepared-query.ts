@@ -14,15 +14,17 @@
  * undone with it.
  *
  * The copy is Drizzle's own prepared query with its client swapped (every
- * driver's prepared query keeps the session's client as `client`). Where a
- * Drizzle version does not (the built query's client is not the session's),
- * the query is built again for each job: slower, never wrong.
+ * driver's prepared query keeps the session's client as `client`). A query
+ * that is not provably on the job's `tx` — built on `db` or another session
+ * by a `build` that ignored its argument, or by a Drizzle version that keeps
+ * its client elsewhere — is an InvalidConfigError before it can run: its
+ * statements would go outside the job's transaction.
  */
 import { InvalidConfigError } from "../errors.ts";
 import type { WorkTransaction } from "./types.ts";
 import { isWorkTransaction } from "./work-transaction.ts";
 
-/** What `build` returns: any Drizzle query builder (select, insert, update, delete, relational, `$count`…). */
+/** What `build` returns: any Drizzle query builder with `.prepare()` (select, insert, update, delete, relational). */
 export interface Preparable {
   prepare(name: string): object;
 }
@@ -35,8 +37,8 @@ interface SessionParts {
   readonly dialect: object;
 }
 
-/** The first job's prepared query, per Drizzle database (its dialect), or `rebuild` when it cannot be copied. */
-type Template = object | "rebuild";
+/** The first job's prepared query, per Drizzle database (its dialect), without its client. */
+type Template = object;
 
 const NAME = /^[a-z_][a-z0-9_]{0,62}$/i;
 
@@ -78,10 +80,9 @@ export function preparedQuery<TQuery extends Preparable>(
     const template = templates.get(session.dialect);
     if (template === undefined) {
       const prepared = buildOn(tx, name, build);
-      templates.set(session.dialect, copyable(prepared, session));
+      templates.set(session.dialect, templateOf(prepared, session, name));
       return prepared as ReturnType<TQuery["prepare"]>;
     }
-    if (template === "rebuild") return buildOn(tx, name, build) as ReturnType<TQuery["prepare"]>;
     return Object.assign(Object.create(Object.getPrototypeOf(template)), template, { client: session.client });
   };
 }
@@ -114,11 +115,23 @@ function unnamed(prepared: object): object {
 }
 
 /**
- * The template of later jobs' copies, if `prepared` keeps the session's
- * client as `client` (so swapping it moves the query to another job's
- * transaction). It keeps no job's client, nor the connection behind it.
+ * The template of later jobs' copies. `prepared` must run on the job's `tx`
+ * and nothing else: it keeps the session's client as `client` (so swapping
+ * it moves the query to another job's transaction) and no other own
+ * property refers to the session or its client. The template keeps no
+ * job's client of its own (a relational query's result mapper still refers
+ * to the first job's builder, whose gate is closed: nothing can be sent
+ * through it).
  */
-function copyable(prepared: object, session: SessionParts): Template {
-  if ((prepared as { client?: unknown }).client !== session.client || session.client === undefined) return "rebuild";
+function templateOf(prepared: object, session: SessionParts, name: string): Template {
+  const own = prepared as Record<string, unknown>;
+  const elsewhere = Object.keys(own).filter(
+    (key) => key !== "client" && (own[key] === session || own[key] === session.client),
+  );
+  if (session.client === undefined || own["client"] !== session.client || elsewhere.length > 0) {
+    throw new InvalidConfigError(
+      `preparedQuery "${name}": the query build returned does not run on the tx it was given (build it with that tx, never with db or another transaction): its statements would run outside the job's work transaction`,
+    );
+  }
   return Object.assign(Object.create(Object.getPrototypeOf(prepared)), prepared, { client: undefined });
 }
