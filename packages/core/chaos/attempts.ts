@@ -123,10 +123,14 @@ export function checkAttempts(
       } else if (rec.e === "run") {
         runs += 1;
         add(rec.job, { t: rec.t, run: true, a: rec.a, where: `${file}#${rec.d ?? "?"}` });
-        // The delivery it ran for: its number, or the last one of the job not settled here.
+        // The delivery it ran for: its number when that delivery is of this
+        // job, or the last one of the job not settled here. A batched
+        // worker runs a batch's handlers in the async context of the
+        // delivery that completed the batch: their number is another job's.
+        const numbered = rec.d !== undefined ? deliveries.get(rec.d) : undefined;
         const delivery =
-          rec.d !== undefined
-            ? deliveries.get(rec.d)
+          numbered?.job === rec.job
+            ? numbered
             : [...deliveries.values()].reverse().find((o) => o.job === rec.job && !o.settled && !o.ran);
         if (delivery) delivery.ran = true;
       }
