@@ -5,6 +5,7 @@ import { uuidv7 } from "uuidv7";
 import { describe, expect, test } from "vitest";
 import { z } from "zod";
 import { effectConsumer, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
+import { recordingClient } from "../../test/recording-client.ts";
 import { createMemoryQueue, type DeliveryEvent, type MemoryQueue } from "../adapters/memory/index.ts";
 import { createManualClock } from "../clock.ts";
 import { bindConsumer, defineConsumer, fenceTtlMarginMs } from "../consumer.ts";
@@ -102,12 +103,7 @@ async function expiredWithLetters() {
 describe("fence TTL cleanup", () => {
   test("sends no statement that counts the expired rows as a whole: every count is over a bounded page (#9 item 12)", async () => {
     await expiredWithLetters();
-    const statements: { query: string; parameters: unknown[] }[] = [];
-    const client = postgres(pg.url, {
-      max: 1,
-      onnotice: () => {},
-      debug: (_connection, query, parameters) => statements.push({ query, parameters }),
-    });
+    const { client, statements } = recordingClient(pg.url);
     try {
       const cleanup = createFenceCleanup({
         db: drizzle({ client }),

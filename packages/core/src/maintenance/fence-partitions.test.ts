@@ -12,6 +12,7 @@ import { uuidv7 } from "uuidv7";
 import { beforeEach, describe, expect, test } from "vitest";
 import { dbDay, fenceHome, fencePartitions, insertFences, jobsOf, waitUntil } from "../../test/fence-days.ts";
 import { effectConsumer, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
+import { recordingClient } from "../../test/recording-client.ts";
 import { bindConsumer } from "../consumer.ts";
 import { createEnvelope } from "../envelope.ts";
 import { createFenceCleanup } from "./fence-cleanup.ts";
@@ -332,12 +333,7 @@ describe("what the cleanup sends (#9 item 12, #23 item 4)", () => {
     await insertFences(pg.sql, jobsOf(day, 2000), consumer.name, 9 * DAY);
     await insertFences(pg.sql, jobsOf(await dbDay(pg.sql, -30), 3000), consumer.name, 30 * DAY);
     await pg.sql`analyze core.processed_jobs`;
-    const statements: { query: string; parameters: unknown[] }[] = [];
-    const client = postgres(pg.url, {
-      max: 1,
-      onnotice: () => {},
-      debug: (_connection, query, parameters) => statements.push({ query, parameters }),
-    });
+    const { client, statements } = recordingClient(pg.url);
     try {
       const cleanup = createFenceCleanup({
         db: drizzle({ client }),

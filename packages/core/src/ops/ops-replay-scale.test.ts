@@ -4,9 +4,9 @@
 // parameters; the audit is pruned, never inside its retention.
 import { useTestDatabase } from "@softcrum/testing";
 import { drizzle } from "drizzle-orm/postgres-js";
-import postgres from "postgres";
 import { uuidv7 } from "uuidv7";
 import { beforeAll, describe, expect, test } from "vitest";
+import { recordingClient } from "../../test/recording-client.ts";
 import { createMemoryQueue } from "../adapters/memory/index.ts";
 import { isSoftcrumError } from "../errors.ts";
 import { createOps, type Ops } from "./index.ts";
@@ -105,12 +105,7 @@ const nodes = (node: PlanNode): PlanNode[] => [node, ...(node.Plans ?? []).flatM
 
 /** The plans of the statements `run` sends that read `relation`. */
 async function plansOf(run: (ops: Ops) => Promise<unknown>, relation: string): Promise<PlanNode[][]> {
-  const statements: { query: string; parameters: unknown[] }[] = [];
-  const client = postgres(pg.url, {
-    max: 1,
-    onnotice: () => {},
-    debug: (_connection, query, parameters) => statements.push({ query, parameters }),
-  });
+  const { client, statements } = recordingClient(pg.url);
   try {
     await run(opsOn(drizzle({ client })));
   } finally {
