@@ -33,7 +33,17 @@ export interface RunSpec {
   readonly pgbench?: string;
   /** How the harness's handler writes the effect (only for `harness`, `harness_batched`). */
   readonly handler?: HarnessHandler;
+  /** How `harness_batched` runs a batch's handlers (only for `harness_batched`). */
+  readonly batch?: HarnessBatch;
 }
+
+/**
+ * `concurrent`: `batch.concurrent`, the handlers pipelined at once with no
+ * savepoints (the form the benchmark's one-insert handler may use);
+ * `sequential`: a savepoint per job, one handler after another.
+ */
+export const HARNESS_BATCHES = ["concurrent", "sequential"] as const;
+export type HarnessBatch = (typeof HARNESS_BATCHES)[number];
 
 /**
  * `prepared`: the insert built once by `preparedQuery` (the README's form for
@@ -64,6 +74,7 @@ export interface BenchOptions {
   readonly concurrency: number;
   readonly systems: readonly SystemName[];
   readonly handler: HarnessHandler;
+  readonly batch: HarnessBatch;
 }
 
 function positiveInt(name: string, fallback: number): number {
@@ -74,7 +85,10 @@ function positiveInt(name: string, fallback: number): number {
   return value;
 }
 
-/** PEERS_N (20000), PEERS_ROUNDS (3), PEERS_CONCURRENCY (16), PEERS_SYSTEMS (all, comma list), PEERS_HANDLER (prepared). */
+/**
+ * PEERS_N (20000), PEERS_ROUNDS (3), PEERS_CONCURRENCY (16), PEERS_SYSTEMS
+ * (all, comma list), PEERS_HANDLER (prepared), PEERS_BATCH (concurrent).
+ */
 export function benchOptions(): BenchOptions {
   const listed = (process.env["PEERS_SYSTEMS"] ?? "")
     .split(",")
@@ -88,8 +102,13 @@ export function benchOptions(): BenchOptions {
   if (!(HARNESS_HANDLERS as readonly string[]).includes(handler)) {
     throw new Error(`PEERS_HANDLER: ${handler} is not one of ${HARNESS_HANDLERS.join(", ")}`);
   }
+  const batch = process.env["PEERS_BATCH"] || "concurrent";
+  if (!(HARNESS_BATCHES as readonly string[]).includes(batch)) {
+    throw new Error(`PEERS_BATCH: ${batch} is not one of ${HARNESS_BATCHES.join(", ")}`);
+  }
   return {
     handler: handler as HarnessHandler,
+    batch: batch as HarnessBatch,
     jobs: positiveInt("PEERS_N", 20_000),
     rounds: positiveInt("PEERS_ROUNDS", 3),
     concurrency: positiveInt("PEERS_CONCURRENCY", 16),

@@ -9,9 +9,11 @@
  * (spec.handler "prepared", the default), or with `tx.insert(...)` built by
  * Drizzle on every job ("builder").
  *
- * `harness_batched` gives the definition `batch: { maxSize: 8, maxWaitMs: 2 }`:
- * deliveries that arrive together share one work transaction (one multi-row
- * fence insert, a savepoint per job, one COMMIT).
+ * `harness_batched` gives the definition `batch: { maxSize: 8, maxWaitMs: 2,
+ * concurrent }`: deliveries that arrive together share one work transaction
+ * (one multi-row fence insert, one COMMIT), their handlers pipelined at once
+ * with no savepoints (spec.batch "concurrent", the default: the handler is
+ * one insert) or one after another in a savepoint each ("sequential").
  */
 import { bindConsumer, createEnvelope, defineConsumer, preparedQuery } from "@softcrum/core";
 import { migrateCore } from "@softcrum/core/migrate";
@@ -24,8 +26,8 @@ import { effects, expectEffects, sampleOf, startMeter, withFreshDatabases } from
 
 const POOL_MAX = 10;
 const KIND = "peers.credit.v1";
-
-const BATCH_OPTION = { batch: { maxSize: 8, maxWaitMs: 2 } } as const;
+const BATCH_SIZE = 8;
+const BATCH_WAIT_MS = 2;
 
 function envelopes(count: number): string[] {
   return Array.from({ length: count }, (_, i) =>
@@ -69,7 +71,9 @@ export function runHarness(spec: RunSpec): Promise<Sample> {
           if (prepared) await creditPrepared(tx).execute({ jobId: envelope.job_id, amount: data.amount });
           else await tx.insert(effects).values({ jobId: envelope.job_id, amount: data.amount });
         },
-        ...(batched ? BATCH_OPTION : {}),
+        ...(batched
+          ? { batch: { maxSize: BATCH_SIZE, maxWaitMs: BATCH_WAIT_MS, concurrent: spec.batch !== "sequential" } }
+          : {}),
       });
       const bound = bindConsumer(consumer, { db: drizzle({ client: sql }) });
       const deliver = async (body: string) => {

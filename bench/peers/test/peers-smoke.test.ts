@@ -92,3 +92,27 @@ describe("PEERS_HANDLER", () => {
     expect(run.stderr).toContain("PEERS_HANDLER: raw is not one of prepared, builder");
   });
 });
+
+describe("PEERS_BATCH", () => {
+  it("sequential: harness_batched runs a savepoint per job, each effect exactly once, one transaction id per job", async () => {
+    const run = await runBench({
+      PEERS_N: "500",
+      PEERS_ROUNDS: "1",
+      PEERS_SYSTEMS: "harness_batched",
+      PEERS_BATCH: "sequential",
+    });
+    expect(run.code, `exit ${run.code}:\n${run.stderr.slice(-3000)}`).toBe(0);
+    expect(run.stdout).toContain("batch sequential");
+    const result = JSON.parse(run.stdout.trim().split("\n").at(-1) ?? "") as Record<string, unknown>;
+    expect(positive(result["harness_batched_jobs_per_s"])).toBe(true);
+    // A savepoint that writes takes a transaction id of its own: at least one per job.
+    const txns = (result["write_txns_per_job"] as Record<string, number>)["harness_batched"] ?? 0;
+    expect(txns).toBeGreaterThanOrEqual(1);
+  });
+
+  it("anything else is refused with the accepted values", async () => {
+    const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", PEERS_BATCH: "parallel" });
+    expect(run.code).not.toBe(0);
+    expect(run.stderr).toContain("PEERS_BATCH: parallel is not one of concurrent, sequential");
+  });
+});

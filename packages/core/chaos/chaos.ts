@@ -183,8 +183,11 @@ async function main(): Promise<number> {
       timeoutMs: CHAOS_TIMEOUT_MS,
       // The last slot runs on node-postgres: both drivers of the engine under the same faults.
       driver: slot.index === WORKERS - 1 && WORKERS > 1 ? "node-postgres" : "postgres.js",
-      // Every other slot batches its deliveries (#23): killed mid-batch too, on both drivers.
-      ...(slot.index % 2 === 1 ? { batch: { maxSize: CONCURRENCY, maxWaitMs: 5 } } : {}),
+      // Every other slot batches its deliveries (#23): killed mid-batch too, on both drivers;
+      // slot 1's handlers run concurrently (rolled back and run again one after another on any failure).
+      ...(slot.index % 2 === 1
+        ? { batch: { maxSize: CONCURRENCY, maxWaitMs: 5, ...(slot.index === 1 ? { concurrent: true } : {}) } }
+        : {}),
       runLog: slot.runLog,
     };
     const child = spawn(process.execPath, ["--import", "tsx", workerScript, JSON.stringify(config)], {

@@ -60,7 +60,7 @@ export interface ChaosWorkerConfig {
    * flight at once share a transaction, and a SIGKILL lands mid-batch.
    * @default none (one transaction per job)
    */
-  readonly batch?: { readonly maxSize: number; readonly maxWaitMs: number };
+  readonly batch?: { readonly maxSize: number; readonly maxWaitMs: number; readonly concurrent?: boolean };
   /**
    * The file this worker process (this generation of its slot) appends its
    * delivery records to, one JSON line each (`DeliveryRecord`), written

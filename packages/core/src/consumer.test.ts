@@ -647,6 +647,10 @@ describe("defineConsumer", () => {
     [{ handle: "nope" }, /handle must be a function/],
     [{ maxAgeMs: 0 }, /maxAgeMs must be a positive number/],
     [{ retry: { maxAttempts: 0 } }, /retry.maxAttempts/],
+    [{ batch: { maxSize: 0, maxWaitMs: 2 } }, /batch.maxSize must be a whole number of jobs from 1 to 64/],
+    [{ batch: { maxSize: 65, maxWaitMs: 2 } }, /batch.maxSize/],
+    [{ batch: { maxSize: 8, maxWaitMs: -1 } }, /batch.maxWaitMs must be a number of milliseconds/],
+    [{ batch: { maxSize: 8, maxWaitMs: 2, concurrent: "yes" } }, /batch.concurrent must be true or false, got yes/],
   ])("refuses %j at definition time with InvalidConfigError", (patch, message) => {
     expect(() => defineConsumer({ ...base, ...patch } as never)).toThrow(InvalidConfigError);
     expect(() => defineConsumer({ ...base, ...patch } as never)).toThrow(message);

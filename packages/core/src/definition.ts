@@ -88,6 +88,9 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    * jobs of one ordering key. The batch shares one budget of `timeoutMs`, so
    * batch consumers whose handlers are short (a few queries); a handler may
    * not end the transaction itself (COMMIT through `tx` is refused).
+   * `concurrent: true` runs the batch's handlers at once, pipelined, with no
+   * savepoints (README "Concurrent handlers"): for handlers that write in
+   * single statements.
    * A delivery's bound (`deliveryBoundMs`) grows by `maxWaitMs`.
    * @default none: one transaction per job
    */

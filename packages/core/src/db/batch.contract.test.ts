@@ -26,20 +26,32 @@ const unpatched = useDriverMatrix("batch-contract-unpatched", {
 });
 const consumer = testConsumers("batch");
 const BATCH = { maxSize: 8, maxWaitMs: 30 } as const;
+/**
+ * Every case runs with the handlers of a batch one after another (a savepoint
+ * each) and with `concurrent` handlers (pipelined, no savepoints, the batch
+ * run again the sequential way after any failure). Where the connection does
+ * not pipeline (node-postgres, PGlite), `concurrent` runs them one after
+ * another: the same outcomes.
+ */
+const MODES = ["sequential", "concurrent"] as const;
+type Mode = (typeof MODES)[number];
 
 type Handler = ConsumerDefinition<typeof testJobSchema>["handle"];
+type Then = (n: number, tx: Parameters<Handler>[1]["tx"]) => Promise<void>;
 /** A batched consumer whose handler writes one effect per run, then does `then` (by job number). */
-function batched(then: (n: number, tx: Parameters<Handler>[1]["tx"]) => Promise<void> = async () => {}, extra = {}) {
-  const runs: number[] = [];
-  const definition = consumer(
-    async (data, { tx, envelope }) => {
-      runs.push(data.n);
-      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-      await then(data.n, tx);
-    },
-    { batch: BATCH, ...extra },
-  );
-  return { definition, runs };
+function batchedAs(mode: Mode) {
+  return (then: Then = async () => {}, extra = {}) => {
+    const runs: number[] = [];
+    const definition = consumer(
+      async (data, { tx, envelope }) => {
+        runs.push(data.n);
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        await then(data.n, tx);
+      },
+      { batch: { ...BATCH, concurrent: mode === "concurrent" }, ...extra },
+    );
+    return { definition, runs };
+  };
 }
 const job = (n: number) => createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } });
 const jobs = (count: number, from = 1) => Array.from({ length: count }, (_, i) => job(from + i));
@@ -62,7 +74,12 @@ async function stateOf(c: DriverCase, envelopes: readonly Envelope[]) {
   return row;
 }
 
-describe.each(matrix)("on %s", (c) => {
+const cases = MODES.flatMap((mode) => matrix.map((c) => [mode, c] as const));
+describe.each(cases)("%s handlers on %s", (mode, c) => {
+  const batched = batchedAs(mode);
+  /** The concurrent run pipelines here: after a failure it is rolled back and every handler runs again. */
+  const reruns = mode === "concurrent" && c.driver === "postgres.js";
+
   test("8 jobs delivered together commit in one transaction; delivered again together, all 8 are duplicates that run nothing", async () => {
     const { definition, runs } = batched();
     const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
@@ -87,12 +104,14 @@ describe.each(matrix)("on %s", (c) => {
 
   test("a handler that throws is undone alone: its effect and fence are gone, the other 7 commit, and its retry applies it once", async () => {
     let fail = true;
-    const { definition } = batched(async (n) => {
+    const { definition, runs } = batched(async (n) => {
       if (n === 4 && fail) throw new Error("partner down");
     });
     const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
     const batch = jobs(8);
     const results = await together(bound, batch);
+    // Concurrent: the first run of all 8 is undone, and they run again one after another.
+    expect(runs).toHaveLength(reruns ? 16 : 8);
     expect(results[3]).toMatchObject({ outcome: "retry", spendsAttempt: true });
     expect(String((results[3] as { error?: unknown }).error)).toContain("partner down");
     expect(results.filter((r) => r.outcome === "success")).toHaveLength(7);
@@ -161,7 +180,8 @@ describe.each(matrix)("on %s", (c) => {
       );
       expect(orphans?.n).toBe(0);
       expect(await stateOf(c, batch)).toMatchObject({ effects: 7, fences: 7 });
-      expect(runs).toHaveLength(8);
+      // Concurrent: the refusal sends the batch back to run one handler after another.
+      expect(runs).toHaveLength(reruns ? 16 : 8);
     },
   );
 
@@ -183,6 +203,62 @@ describe.each(matrix)("on %s", (c) => {
     expect(await stateOf(c, batch)).toMatchObject({ effects: 4, fences: 4, transactions: 1 });
     const [inner] = await c.rows<{ n: number }>("select count(*)::int as n from test_effects where consumer = 'x'");
     expect(inner?.n).toBe(0);
+  });
+
+  test("8 handlers of a batch: at once where concurrent and the connection pipelines, else one at a time; each runs once, one transaction", async () => {
+    let running = 0;
+    let most = 0;
+    const { definition, runs } = batched(async () => {
+      running += 1;
+      most = Math.max(most, running);
+      await sleep(20);
+      running -= 1;
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(8);
+    expect((await together(bound, batch)).map((r) => r.outcome)).toEqual(Array(8).fill("success"));
+    expect(most).toBe(reruns ? 8 : 1);
+    expect(runs).toHaveLength(8);
+    expect(await stateOf(c, batch)).toEqual({ effects: 8, fences: 8, letters: 0, transactions: 1 });
+  });
+
+  test("a statement a handler did not await fails after it returned: no job is a success without its effect", async () => {
+    const { definition } = batched(async (n, tx) => {
+      // The last job's, sent after every other handler's queries.
+      if (n === 8) void tx.execute(sql`select pg_sleep(0.1), 1/0`).catch(() => {});
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(8);
+    const results = await together(bound, batch);
+    expect(results[7]?.outcome).not.toBe("success");
+    const succeeded = batch.filter((_, i) => results[i]?.outcome === "success");
+    expect(await stateOf(c, succeeded)).toMatchObject({ effects: succeeded.length, fences: succeeded.length });
+    expect(await stateOf(c, batch)).toMatchObject({ effects: succeeded.length, fences: succeeded.length });
+  });
+
+  test("two handlers' nested tx.transaction()s at once: one's rollback never undoes the other's savepoint work", async () => {
+    const nested = (n: number) => `00000000-0000-7000-8000-00000000000${n}`;
+    const { definition } = batched(async (n, tx) => {
+      if (n > 2) return;
+      await tx
+        .transaction(async (inner) => {
+          await inner.insert(effects).values({ jobId: nested(n), consumer: "nested", amount: n });
+          // Job 1 fails its savepoint after job 2 has written in its own and released it.
+          if (n === 1) {
+            await sleep(40);
+            throw new Error("inner");
+          }
+        })
+        .catch(() => {});
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(4);
+    expect((await together(bound, batch)).map((r) => r.outcome)).toEqual(Array(4).fill("success"));
+    const rows = await c.rows<{ amount: number }>(
+      "select amount from test_effects where consumer = 'nested' order by amount",
+    );
+    expect(rows.map((r) => r.amount)).toEqual([2]);
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 4, fences: 4, transactions: 1 });
   });
 
   test("a job with a pending dead letter in a batch does not run and leaves no fence; the others commit", async () => {
@@ -285,6 +361,13 @@ describe.each(matrix)("on %s", (c) => {
       await sleep(BATCH.maxWaitMs + 20); // batch one has gone: jobs 3 and 4 make batch two
       const two = together(bound, [j3, j4] as Envelope[]);
       const results = [...(await one), ...(await two)];
+      if (reruns) {
+        // Concurrent: each batch's updates are sent at once, so batch two
+        // waits for both rows behind batch one, and no cycle forms.
+        expect(results.map((r) => r.outcome)).toEqual(Array(4).fill("success"));
+        expect(await stateOf(c, [j1, j2, j3, j4] as Envelope[])).toMatchObject({ effects: 4, fences: 4 });
+        return;
+      }
       expect(results.filter((r) => r.outcome === "success")).toHaveLength(3);
       const retried = results.findIndex((r) => r.outcome === "retry");
       expect(retried).toBeGreaterThanOrEqual(0);
@@ -302,6 +385,7 @@ describe.each(matrix)("on %s", (c) => {
 // undid: there a batched consumer runs one job per transaction
 // (DriverConnection.batches), every outcome the same.
 describe.each(unpatched)("on %s", (c) => {
+  const batched = batchedAs("concurrent");
   test("a batched consumer runs one job per transaction: 8 jobs, 8 transactions, a failing one retried alone", async () => {
     let fail = true;
     const { definition } = batched(async (n) => {

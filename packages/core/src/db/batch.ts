@@ -33,11 +33,19 @@
  * - **Bounds**: the batch shares one budget of the consumer's `timeoutMs`
  *   from asking for a connection to COMMIT; a job waits at most `maxWaitMs`
  *   for its batch to form, which `deliveryBoundMs` adds.
+ *
+ * `concurrent` batches (`runConcurrently`) run the handlers at once with no
+ * savepoints, their queries pipelined: they commit only when every handler
+ * returned, none was refused, and the transaction is healthy; anything else
+ * rolls the whole batch back and runs it again the sequential way above, so
+ * each job still gets the outcome it would have had alone. Savepoint
+ * statements are refused there (`ConcurrentGate`): savepoints are a stack of
+ * the transaction's, shared by handlers running at once.
  */
 import { InvalidConfigError } from "../errors.ts";
 import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
 import { BatchAbortedError, HandlerTimeoutError, WorkNotStartedError } from "./errors.ts";
-import { transactionControlIn } from "./transaction-control.ts";
+import { savepointIn, transactionControlIn } from "./transaction-control.ts";
 import type { AnyPgDatabase } from "./types.ts";
 import {
   acquireWithin,
@@ -47,11 +55,13 @@ import {
   driverFor,
   type FenceTarget,
   finish,
+  handlerTransaction,
   letterOutcome,
   Openings,
   openWork,
   type RunEnd,
   type RunInWorkTransaction,
+  RunSignal,
   runHandler,
   runOn,
   StartTimeoutError,
@@ -66,6 +76,23 @@ export interface BatchOptions {
   readonly maxSize: number;
   /** Longest a delivery waits for others to join its batch, in ms (0: only those that arrive in the same turn). */
   readonly maxWaitMs: number;
+  /**
+   * Run the batch's handlers at the same time, their queries pipelined on the
+   * one connection, with no savepoint per job: one round trip for the whole
+   * batch's handlers instead of one per job. The handlers share one
+   * transaction at once, so a handler must not read a row, then write what it
+   * read, where another job of the batch may write the same row (a lost
+   * update): write in one statement (`set points = points + $1`, an insert).
+   * If any handler throws, refuses, or leaves a failed statement, the batch
+   * is rolled back and run again the sequential way (a savepoint per job),
+   * which classifies each job; a handler may run twice then, its first run
+   * undone. Nested `tx.transaction()` savepoints are refused in the
+   * concurrent run (savepoints are the transaction's, not the handler's) and
+   * work in the sequential one. Only where the connection pipelines
+   * (postgres.js with `pipeline` on); elsewhere handlers run one after
+   * another, as without it. @default false
+   */
+  readonly concurrent?: boolean;
 }
 
 /** Largest `maxSize`: a savepoint per job is a subtransaction, and past 64 Postgres spills them to disk. */
@@ -87,7 +114,15 @@ export function checkBatchOptions(batch: unknown, owner: string): BatchOptions |
       `${owner}: batch.maxWaitMs must be a number of milliseconds from 0 to ${MAX_BATCH_WAIT_MS}, got ${String(maxWaitMs)}`,
     );
   }
-  return Object.freeze({ maxSize: maxSize as number, maxWaitMs: maxWaitMs as number });
+  const { concurrent } = batch as Partial<BatchOptions>;
+  if (concurrent !== undefined && typeof concurrent !== "boolean") {
+    throw new InvalidConfigError(`${owner}: batch.concurrent must be true or false, got ${String(concurrent)}`);
+  }
+  return Object.freeze({
+    maxSize: maxSize as number,
+    maxWaitMs: maxWaitMs as number,
+    ...(concurrent ? { concurrent: true } : {}),
+  });
 }
 
 /**
@@ -126,7 +161,8 @@ export function batchedWorkTransactionFor(
         );
         await others;
       } else {
-        await runBatchOn({ driver, conn, openings, deadline, timeoutMs }, jobs, settled);
+        const concurrent = batch.concurrent === true;
+        await runBatchOn({ driver, conn, openings, deadline, timeoutMs, concurrent }, jobs, settled);
       }
     } catch (error) {
       for (let i = 0; i < jobs.length; i++) settled[i] ??= { ok: false, error };
@@ -243,41 +279,25 @@ interface Run {
   readonly openings: Openings;
   readonly deadline: Deadline;
   readonly timeoutMs: number;
+  readonly concurrent: boolean;
 }
 
 /** A batch of two or more jobs of one consumer on one connection; fills `settled` (one entry per job). */
 async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): Promise<void> {
-  const { driver, conn, openings, deadline, timeoutMs } = run;
+  const { driver, conn, deadline, timeoutMs } = run;
   const end: RunEnd = { state: "rollback" };
   const consumer = (jobs[0] as Job).target.consumer;
   const committers: number[] = [];
   try {
-    const keys = [...new Set(jobs.flatMap((j) => (j.target.lockKey === undefined ? [] : [j.target.lockKey])))];
-    const statements: Statement[] = [];
-    if (keys.length > 0) statements.push({ text: LOCKS_SQL, params: [keys] });
-    statements.push({
-      text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL,
-      params: [jobs.map((j) => j.id), consumer],
-    });
-    const rows = await openWork(conn, openings, deadline, timeoutMs, statements, end);
-    const fences = new Map<string, Answer[number]>();
-    for (const row of rows) fences.set(String(row["job_id"]), row);
-    let xid: unknown;
-    const unfence: string[] = [];
-    const toRun: number[] = [];
-    jobs.forEach((job, i) => {
-      const fence = fences.get(job.id);
-      if (fence === undefined) {
-        settled[i] = { ok: true, outcome: { status: "duplicate" } };
-      } else if (typeof fence["detail"] === "string") {
-        // A pending letter: the handler does not run, and the fence row goes.
-        settled[i] = { ok: true, outcome: letterOutcome(fence["detail"]) };
-        unfence.push(job.id);
-      } else {
-        xid = fence["xid"];
-        toRun.push(i);
-      }
-    });
+    let opened = await openBatch(run, jobs, settled, end);
+    if (run.concurrent && conn.pipelines && opened.toRun.length > 1) {
+      if (await runConcurrently(run, jobs, opened, settled, end)) return;
+      // Rolled back: the batch runs again from BEGIN, one handler after another.
+      end.state = "rollback";
+      settled.length = 0;
+      opened = await openBatch(run, jobs, settled, end);
+    }
+    const { xid, unfence, toRun } = opened;
 
     for (const i of toRun) {
       const job = jobs[i] as Job;
@@ -292,8 +312,8 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
       // the time the handler's queries have. A job's savepoint is not
       // released: the next one nests inside it (ROLLBACK TO undoes the most
       // recent of the name, the job's own), and COMMIT ends them all.
-      const opened = conn.query({ text: SAVEPOINT });
-      opened.catch(noop);
+      const savepoint = conn.query({ text: SAVEPOINT });
+      savepoint.catch(noop);
       let failure: { error: unknown } | undefined;
       try {
         await runHandler(driver, conn, new BatchGate(), deadline, timeoutMs, job.work, end);
@@ -308,7 +328,7 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
       // A failed SAVEPOINT: a statement of the previous job failed after its
       // handler returned (one it did not await). Nothing is known to be
       // clean: the whole batch is undone.
-      await within(run, opened, end).catch((error: unknown) => {
+      await within(run, savepoint, end).catch((error: unknown) => {
         throw new BatchAbortedError(error);
       });
       if (failure === undefined) {
@@ -356,6 +376,159 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     for (let i = 0; i < jobs.length; i++) settled[i] ??= { ok: false, error: notStarted(aborted) };
   } finally {
     await finish(conn, end.state);
+  }
+}
+
+/** An opened batch: the fences written, and what each job does next. */
+interface Opened {
+  /** The transaction id the fences were written in (drivers without a transaction status). */
+  readonly xid: unknown;
+  /** Jobs whose fence row goes before COMMIT (a pending letter; later, a job that does not commit). */
+  readonly unfence: string[];
+  /** Jobs whose handler runs, in the batch's order. */
+  readonly toRun: readonly number[];
+}
+
+/**
+ * BEGIN, the batch's ordering locks and its fences; a job whose fence
+ * existed is settled as a duplicate, one with a pending letter as dead-lettered.
+ */
+async function openBatch(run: Run, jobs: readonly Job[], settled: Settled[], end: RunEnd): Promise<Opened> {
+  const { conn, openings, deadline, timeoutMs } = run;
+  const keys = [...new Set(jobs.flatMap((j) => (j.target.lockKey === undefined ? [] : [j.target.lockKey])))];
+  const statements: Statement[] = [];
+  if (keys.length > 0) statements.push({ text: LOCKS_SQL, params: [keys] });
+  statements.push({
+    text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL,
+    params: [jobs.map((j) => j.id), (jobs[0] as Job).target.consumer],
+  });
+  const rows = await openWork(conn, openings, deadline, timeoutMs, statements, end);
+  const fences = new Map<string, Answer[number]>();
+  for (const row of rows) fences.set(String(row["job_id"]), row);
+  let xid: unknown;
+  const unfence: string[] = [];
+  const toRun: number[] = [];
+  jobs.forEach((job, i) => {
+    const fence = fences.get(job.id);
+    if (fence === undefined) {
+      settled[i] = { ok: true, outcome: { status: "duplicate" } };
+    } else if (typeof fence["detail"] === "string") {
+      // A pending letter: the handler does not run, and the fence row goes.
+      settled[i] = { ok: true, outcome: letterOutcome(fence["detail"]) };
+      unfence.push(job.id);
+    } else {
+      xid = fence["xid"];
+      toRun.push(i);
+    }
+  });
+  return { xid, unfence, toRun };
+}
+
+/**
+ * The handlers of an opened batch at the same time, with no savepoints
+ * (`BatchOptions.concurrent`). True when every job that ran is settled
+ * (committed, or the commit's failure); false when nothing committed and the
+ * connection is idle again — a handler threw, refused, or left a failed
+ * statement — so the batch must run again the sequential way, which
+ * classifies each job on its own. Throws (the batch aborted) when the budget
+ * ran out or the connection broke.
+ */
+async function runConcurrently(
+  run: Run,
+  jobs: readonly Job[],
+  opened: Opened,
+  settled: Settled[],
+  end: RunEnd,
+): Promise<boolean> {
+  const { driver, conn, deadline, timeoutMs } = run;
+  const { toRun, unfence, xid } = opened;
+  const gates = toRun.map(() => new ConcurrentGate());
+  const signals = toRun.map(() => new RunSignal());
+  const running = new Set<number>(toRun);
+  const works = toRun.map((i, k) => {
+    const gate = gates[k] as ConcurrentGate;
+    const work = (async () => (jobs[i] as Job).work(handlerTransaction(driver, conn, gate), signals[k] as RunSignal))();
+    return work.then(
+      () => {
+        gate.close();
+        running.delete(i);
+        return gate.refused === undefined;
+      },
+      () => {
+        gate.close();
+        running.delete(i);
+        return false;
+      },
+    );
+  });
+  let allOk: boolean;
+  try {
+    const ok = await deadline.within(Promise.all(works), () => {
+      const error = new HandlerTimeoutError(timeoutMs);
+      for (const gate of gates) gate.close();
+      for (const signal of signals) signal.controller().abort(error);
+      end.state = "destroy";
+      conn.destroy();
+      return error;
+    });
+    allOk = ok.every(Boolean);
+  } catch (error) {
+    // Past the budget: a job whose handler was still running spends an
+    // attempt, as a single job's would; the others were undone with it.
+    for (const i of running) settled[i] = { ok: false, error };
+    throw new BatchAbortedError(error);
+  } finally {
+    for (const gate of gates) gate.close();
+  }
+  if (allOk && conn.transactionStatus() === "T") {
+    const consumer = (jobs[0] as Job).target.consumer;
+    if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
+    try {
+      await commitWork(conn, deadline, timeoutMs, xid, end);
+    } catch (error) {
+      // Every job's failure, as for a single job (the fence decides on retry).
+      for (const i of toRun) settled[i] = { ok: false, error };
+      return true;
+    }
+    for (const i of toRun) settled[i] = { ok: true, outcome: { status: "committed" } };
+    return true;
+  }
+  const answer = await within(run, conn.rollback(), end).catch((error: unknown) => {
+    throw new BatchAbortedError(error);
+  });
+  if (answer !== "ROLLBACK") {
+    end.state = "destroy";
+    throw new BatchAbortedError(new Error(`ROLLBACK answered ${String(answer)}`));
+  }
+  return false;
+}
+
+/**
+ * A handler's gate in a concurrent batch: also refuses savepoints, and
+ * remembers a refusal, so a handler that caught the error still sends its
+ * job to the sequential run.
+ */
+class ConcurrentGate extends BatchGate {
+  refused: Error | undefined;
+  override check(text?: unknown): void {
+    try {
+      super.check(text);
+      const savepoint = typeof text === "string" ? savepointIn(text) : undefined;
+      if (savepoint !== undefined) throw new BatchSavepointError(savepoint);
+    } catch (error) {
+      this.refused ??= error as Error;
+      throw error;
+    }
+  }
+}
+
+/** A handler of a concurrent batch sent a savepoint statement: run again the sequential way, where it may. */
+export class BatchSavepointError extends Error {
+  constructor(statement: string) {
+    super(
+      `${statement.toUpperCase()} refused in a concurrent batch (its handlers share the transaction's savepoints); the batch runs again one handler after another, where it is allowed`,
+    );
+    this.name = "BatchSavepointError";
   }
 }
 

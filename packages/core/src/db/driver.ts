@@ -55,6 +55,13 @@ export interface DriverConnection {
    */
   readonly batches: boolean;
   /**
+   * Whether statements sent without waiting for earlier answers share round
+   * trips (postgres.js pipelines them). Only then do the handlers of a
+   * `concurrent` batch run at once (`batch.ts`); elsewhere they
+   * would only queue, so they run one after another.
+   */
+  readonly pipelines: boolean;
+  /**
    * Opens the transaction (`opening`), then runs `statements` in it, in this
    * order, all sent at once where the driver can pipeline. Settles the
    * opening and then each statement (so the result has one more entry than

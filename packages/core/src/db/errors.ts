@@ -28,6 +28,18 @@ export class UnprovenCommitError extends Error {
   }
 }
 
+/**
+ * COMMIT answered ROLLBACK: a statement of the work failed (its error caught,
+ * or never awaited) and nothing was written. The connection is idle again.
+ * Transient: the job is retried.
+ */
+export class RolledBackAtCommitError extends Error {
+  constructor() {
+    super("the work transaction was rolled back: a statement failed inside it and the handler caught its error");
+    this.name = "RolledBackAtCommitError";
+  }
+}
+
 /** Thrown at a handler that sends a query after its run ended (timed out, failed, or finished). */
 export class WorkTransactionOverError extends Error {
   constructor() {

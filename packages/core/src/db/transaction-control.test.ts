@@ -1,5 +1,5 @@
 import { describe, expect, test } from "vitest";
-import { transactionControlIn } from "./transaction-control.ts";
+import { savepointIn, transactionControlIn } from "./transaction-control.ts";
 
 describe("transactionControlIn: what a batched handler may not send", () => {
   test.each([
@@ -40,5 +40,34 @@ describe("transactionControlIn: what a batched handler may not send", () => {
     "select E'it\\'s; commit'",
   ])("%j does not", (text) => {
     expect(transactionControlIn(text)).toBeUndefined();
+  });
+});
+
+describe("savepointIn: what a concurrent batch's handler may not send", () => {
+  test.each([
+    ["savepoint sp1", "savepoint"],
+    ["SAVEPOINT sp1", "savepoint"],
+    ["release savepoint sp1", "release"],
+    ["RELEASE sp1", "release"],
+    ["rollback to savepoint sp1", "rollback to"],
+    ["ROLLBACK TO sp1", "rollback to"],
+    ["rollback work to savepoint sp1", "rollback to"],
+    ["select 1; savepoint sp1", "savepoint"],
+    ["/* x */ savepoint sp1", "savepoint"],
+  ])("%j is a savepoint statement (%s)", (text, expected) => {
+    expect(savepointIn(text)).toBe(expected);
+  });
+
+  test.each([
+    "select 'savepoint sp1'",
+    'select 1 as "savepoint"',
+    "select $$ release savepoint sp1 $$",
+    "-- savepoint sp1\nselect 1",
+    "insert into t (savepoint) values (1)",
+    "update t set release = 1",
+    "rollback",
+    "commit",
+  ])("%j is none", (text) => {
+    expect(savepointIn(text)).toBeUndefined();
   });
 });

@@ -37,6 +37,21 @@ export function transactionControlIn(text: string): string | undefined {
   return undefined;
 }
 
+/**
+ * Finds a savepoint statement (SAVEPOINT, RELEASE, ROLLBACK TO) in the text
+ * of a handler's query. The handlers of a concurrent batch share one
+ * transaction at the same time, and savepoints are a stack of the
+ * transaction's: one handler's ROLLBACK TO would undo another's work, and
+ * keep some of its own, so there they are refused (`batch.ts`).
+ */
+export function savepointIn(text: string): string | undefined {
+  for (const [first, second, third] of statementHeads(text)) {
+    if (first === "savepoint" || first === "release") return first;
+    if (first === "rollback" && (second === "to" || (second !== undefined && third === "to"))) return "rollback to";
+  }
+  return undefined;
+}
+
 /** The first three lower-cased words of each statement of `text`. */
 function statementHeads(text: string): string[][] {
   const heads: string[][] = [];

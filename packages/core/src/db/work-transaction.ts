@@ -44,11 +44,12 @@ import { type Answer, type Driver, type DriverConnection, Gate, type Opening, ty
 import { nodePostgresDriver } from "./drivers/node-postgres.ts";
 import { pgliteDriver } from "./drivers/pglite.ts";
 import { postgresJsDriver } from "./drivers/postgres-js.ts";
-import { HandlerTimeoutError, UnprovenCommitError, WorkNotStartedError } from "./errors.ts";
+import { HandlerTimeoutError, RolledBackAtCommitError, UnprovenCommitError, WorkNotStartedError } from "./errors.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./types.ts";
 
 export {
   HandlerTimeoutError,
+  RolledBackAtCommitError,
   UnprovenCommitError,
   WorkNotStartedError,
   WorkTransactionOverError,
@@ -554,11 +555,7 @@ export async function commitWork(
   // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
   // error: a statement failed and the handler caught its error. Nothing
   // was written, so the job must not be acknowledged as done.
-  if (committed !== "COMMIT") {
-    throw new Error(
-      "the work transaction was rolled back: a statement failed inside it and the handler caught its error",
-    );
-  }
+  if (committed !== "COMMIT") throw new RolledBackAtCommitError();
 }
 
 /**

@@ -57,6 +57,8 @@ export function heldConnection<Tx>(
         // The driver's callback transaction gives no status of its own: proven by transaction id.
         provesByStatus: false,
         batches: ops.batches !== false,
+        // One statement at a time inside the driver's own callback transaction.
+        pipelines: false,
         start: async (opening, statements) => {
           const results: PromiseSettledResult<Answer>[] = [];
           try {

@@ -98,6 +98,8 @@ function connection(client: PoolClient): DriverConnection {
   return {
     provesByStatus: false,
     batches: true,
+    // pg's Client sends a query only once the one before it has answered.
+    pipelines: false,
     start: (opening, statements) => sendInOrder([{ text: opening.begin }, ...statements], run),
     query: run,
     transactionStatus: () => null,

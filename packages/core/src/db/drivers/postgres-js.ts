@@ -108,6 +108,9 @@ class ReservedConnection implements DriverConnection {
     private readonly prepare: boolean,
     private readonly pipeline: boolean,
   ) {}
+  get pipelines(): boolean {
+    return this.pipeline;
+  }
 
   start(opening: Opening, statements: readonly Statement[]): Promise<PromiseSettledResult<Answer>[]> {
     const all: Statement[] = [{ text: opening.begin }, ...statements];
