@@ -44,7 +44,7 @@
  */
 import { InvalidConfigError } from "../errors.ts";
 import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
-import { BatchAbortedError, HandlerTimeoutError, WorkNotStartedError } from "./errors.ts";
+import { BatchAbortedError, HandlerTimeoutError, RolledBackAtCommitError, WorkNotStartedError } from "./errors.ts";
 import { savepointIn, transactionControlIn } from "./transaction-control.ts";
 import type { AnyPgDatabase } from "./types.ts";
 import {
@@ -138,6 +138,7 @@ export function batchedWorkTransactionFor(
   const driver = driverFor(db, options);
   const openings = new Openings();
   const single = singleRunner(driver, openings);
+  const suspects = new Suspects();
   const run = async (jobs: readonly Job[]): Promise<void> => {
     const first = jobs[0] as Job;
     const timeoutMs = first.target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
@@ -162,7 +163,7 @@ export function batchedWorkTransactionFor(
         await others;
       } else {
         const concurrent = batch.concurrent === true;
-        await runBatchOn({ driver, conn, openings, deadline, timeoutMs, concurrent }, jobs, settled);
+        await runBatchOn({ driver, conn, openings, deadline, timeoutMs, concurrent, suspects }, jobs, settled);
       }
     } catch (error) {
       for (let i = 0; i < jobs.length; i++) settled[i] ??= { ok: false, error };
@@ -280,6 +281,7 @@ interface Run {
   readonly deadline: Deadline;
   readonly timeoutMs: number;
   readonly concurrent: boolean;
+  readonly suspects: Suspects;
 }
 
 /** A batch of two or more jobs of one consumer on one connection; fills `settled` (one entry per job). */
@@ -289,10 +291,15 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
   const consumer = (jobs[0] as Job).target.consumer;
   const committers: number[] = [];
   try {
+    // A batch with a suspect runs one handler after another, with the whole budget.
+    const concurrent = run.concurrent && conn.pipelines && !jobs.some((j) => run.suspects.has(j.id));
+    for (const job of jobs) run.suspects.delete(job.id);
     let opened = await openBatch(run, jobs, settled, end);
-    if (run.concurrent && conn.pipelines && opened.toRun.length > 1) {
+    let rerun = false;
+    if (concurrent && opened.toRun.length > 1) {
       if (await runConcurrently(run, jobs, opened, settled, end)) return;
       // Rolled back: the batch runs again from BEGIN, one handler after another.
+      rerun = true;
       end.state = "rollback";
       settled.length = 0;
       opened = await openBatch(run, jobs, settled, end);
@@ -321,8 +328,15 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         failure = { error };
       }
       if (destroyed(end)) {
-        // Past the budget: the connection is gone, and every job's work with it.
-        settled[i] = { ok: false, error: failure?.error };
+        // Past the budget: the connection is gone, and every job's work with
+        // it. After a concurrent run the budget was partly spent by others:
+        // the job spends no attempt, and its next batch runs it with all of it.
+        if (rerun && failure?.error instanceof HandlerTimeoutError) {
+          run.suspects.add(job.id);
+          settled[i] = { ok: false, error: new BatchAbortedError(failure.error) };
+        } else {
+          settled[i] = { ok: false, error: failure?.error };
+        }
         throw new BatchAbortedError(failure?.error);
       }
       // A failed SAVEPOINT: a statement of the previous job failed after its
@@ -429,9 +443,12 @@ async function openBatch(run: Run, jobs: readonly Job[], settled: Settled[], end
  * (`BatchOptions.concurrent`). True when every job that ran is settled
  * (committed, or the commit's failure); false when nothing committed and the
  * connection is idle again — a handler threw, refused, or left a failed
- * statement — so the batch must run again the sequential way, which
- * classifies each job on its own. Throws (the batch aborted) when the budget
- * ran out or the connection broke.
+ * statement, even one that failed only at COMMIT — so the batch must run
+ * again the sequential way, which classifies each job on its own. Throws
+ * (the batch aborted, no attempt spent) when the budget ran out or the
+ * connection broke: with handlers at once, queued behind each other's
+ * queries, the one that made the batch late is not known, so the jobs still
+ * running become suspects whose next batch runs one handler after another.
  */
 async function runConcurrently(
   run: Run,
@@ -445,6 +462,16 @@ async function runConcurrently(
   const gates = toRun.map(() => new ConcurrentGate());
   const signals = toRun.map(() => new RunSignal());
   const running = new Set<number>(toRun);
+  // The first failure ends the concurrent run at once: every gate closes (a
+  // handler still running can send nothing more), every signal aborts, and
+  // the rollback and the sequential run get what is left of the budget.
+  let failed: (() => void) | undefined;
+  const firstFailure = new Promise<false>((resolve) => {
+    failed = () => {
+      stop(gates, signals, new BatchRerunError());
+      resolve(false);
+    };
+  });
   const works = toRun.map((i, k) => {
     const gate = gates[k] as ConcurrentGate;
     const work = (async () => (jobs[i] as Job).work(handlerTransaction(driver, conn, gate), signals[k] as RunSignal))();
@@ -452,40 +479,49 @@ async function runConcurrently(
       () => {
         gate.close();
         running.delete(i);
-        return gate.refused === undefined;
+        if (gate.refused === undefined) return true;
+        failed?.();
+        return false;
       },
       () => {
         gate.close();
         running.delete(i);
+        failed?.();
         return false;
       },
     );
   });
   let allOk: boolean;
+  let late: number[] = [];
   try {
-    const ok = await deadline.within(Promise.all(works), () => {
+    const all = Promise.all(works).then((oks) => oks.every(Boolean));
+    allOk = await deadline.within(Promise.race([all, firstFailure]), () => {
+      // Read before the connection goes: its queries' failures end handlers.
+      late = [...running];
       const error = new HandlerTimeoutError(timeoutMs);
-      for (const gate of gates) gate.close();
-      for (const signal of signals) signal.controller().abort(error);
+      stop(gates, signals, error);
       end.state = "destroy";
       conn.destroy();
       return error;
     });
-    allOk = ok.every(Boolean);
   } catch (error) {
-    // Past the budget: a job whose handler was still running spends an
-    // attempt, as a single job's would; the others were undone with it.
-    for (const i of running) settled[i] = { ok: false, error };
+    for (const i of late) run.suspects.add((jobs[i] as Job).id);
     throw new BatchAbortedError(error);
   } finally {
     for (const gate of gates) gate.close();
   }
   if (allOk && conn.transactionStatus() === "T") {
     const consumer = (jobs[0] as Job).target.consumer;
-    if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
     try {
+      if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
       await commitWork(conn, deadline, timeoutMs, xid, end);
     } catch (error) {
+      if (destroyed(end)) throw new BatchAbortedError(error);
+      // COMMIT answered ROLLBACK: a statement a handler did not await failed
+      // after the status was read. Nothing committed and the connection is
+      // idle: run again. (A failed unfence leaves the transaction to roll back.)
+      if (error instanceof RolledBackAtCommitError) return false;
+      if (end.state === "rollback") return rollBack(run, end);
       // Every job's failure, as for a single job (the fence decides on retry).
       for (const i of toRun) settled[i] = { ok: false, error };
       return true;
@@ -493,7 +529,18 @@ async function runConcurrently(
     for (const i of toRun) settled[i] = { ok: true, outcome: { status: "committed" } };
     return true;
   }
-  const answer = await within(run, conn.rollback(), end).catch((error: unknown) => {
+  return rollBack(run, end);
+}
+
+/** Closes every gate and aborts every handler's signal with `reason`. */
+function stop(gates: readonly Gate[], signals: readonly RunSignal[], reason: Error): void {
+  for (const gate of gates) gate.close();
+  for (const signal of signals) signal.controller().abort(reason);
+}
+
+/** ROLLBACK of a concurrent run that failed, answered: false (run again); else the batch aborts. */
+async function rollBack(run: Run, end: RunEnd): Promise<false> {
+  const answer = await within(run, run.conn.rollback(), end).catch((error: unknown) => {
     throw new BatchAbortedError(error);
   });
   if (answer !== "ROLLBACK") {
@@ -502,6 +549,38 @@ async function runConcurrently(
   }
   return false;
 }
+
+/** The reason a concurrent batch's other handlers are stopped: one failed, and the batch runs again one handler after another. */
+export class BatchRerunError extends Error {
+  constructor() {
+    super(
+      "another handler of this concurrent batch failed: the batch is rolled back and runs again one handler after another",
+    );
+    this.name = "BatchRerunError";
+  }
+}
+
+/**
+ * Jobs whose next batch runs one handler after another with the whole
+ * budget: a job still running when a concurrent batch's budget ran out, or
+ * one that ran out of the budget the concurrent run left it. Such a job
+ * spent no attempt then; the sequential run charges the job that is slow
+ * itself. Bounded: a worker runs for weeks.
+ */
+class Suspects {
+  readonly #ids = new Set<string>();
+  add(id: string): void {
+    if (this.#ids.size >= MAX_SUSPECTS) this.#ids.clear();
+    this.#ids.add(id);
+  }
+  has(id: string): boolean {
+    return this.#ids.has(id);
+  }
+  delete(id: string): void {
+    this.#ids.delete(id);
+  }
+}
+const MAX_SUSPECTS = 4_096;
 
 /**
  * A handler's gate in a concurrent batch: also refuses savepoints, and
