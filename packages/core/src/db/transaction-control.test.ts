@@ -71,3 +71,14 @@ describe("savepointIn: what a concurrent batch's handler may not send", () => {
     expect(savepointIn(text)).toBeUndefined();
   });
 });
+
+test("a text asked again gets the same answer, remembered or not: after 300 other texts, and past the length kept", () => {
+  const long = `select '${"x".repeat(3_000)}'; commit`;
+  for (let round = 0; round < 2; round++) {
+    expect(transactionControlIn("select 1; commit")).toBe("commit");
+    expect(savepointIn("savepoint sp1")).toBe("savepoint");
+    expect(transactionControlIn("savepoint sp1")).toBeUndefined();
+    expect(transactionControlIn(long)).toBe("commit");
+    for (let i = 0; i < 300; i++) expect(transactionControlIn(`select ${i}`)).toBeUndefined();
+  }
+});

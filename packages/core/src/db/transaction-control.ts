@@ -16,7 +16,7 @@
  * (what a nested `tx.transaction()` sends) are allowed.
  */
 export function transactionControlIn(text: string): string | undefined {
-  for (const words of statementHeads(text)) {
+  for (const words of headsOf(text)) {
     const [first, second, third] = words;
     switch (first) {
       case "commit":
@@ -45,12 +45,32 @@ export function transactionControlIn(text: string): string | undefined {
  * keep some of its own, so there they are refused (`batch.ts`).
  */
 export function savepointIn(text: string): string | undefined {
-  for (const [first, second, third] of statementHeads(text)) {
+  for (const [first, second, third] of headsOf(text)) {
     if (first === "savepoint" || first === "release") return first;
     if (first === "rollback" && (second === "to" || (second !== undefined && third === "to"))) return "rollback to";
   }
   return undefined;
 }
+
+/**
+ * `statementHeads(text)`, remembered: a batched handler's gate reads every
+ * query's text, and a handler sends the same texts job after job (a
+ * prepared query, the builder's output for one shape). Short texts only, and
+ * a bounded number of them: texts with inlined values are each new.
+ */
+function headsOf(text: string): readonly (readonly string[])[] {
+  if (text.length > MAX_KNOWN_TEXT) return statementHeads(text);
+  let heads = knownHeads.get(text);
+  if (heads === undefined) {
+    heads = statementHeads(text);
+    if (knownHeads.size >= MAX_KNOWN_TEXTS) knownHeads.clear();
+    knownHeads.set(text, heads);
+  }
+  return heads;
+}
+const knownHeads = new Map<string, readonly (readonly string[])[]>();
+const MAX_KNOWN_TEXTS = 256;
+const MAX_KNOWN_TEXT = 2_048;
 
 /** The first three lower-cased words of each statement of `text`. */
 function statementHeads(text: string): string[][] {
