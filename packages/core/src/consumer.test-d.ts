@@ -27,6 +27,16 @@ test("the handler's data is the output type of the consumer's schema", () => {
   });
 });
 
+test("batch options are typed: concurrent is a boolean, maxSize and maxWaitMs are required", () => {
+  const base = { name: "t.b", queue: "t.q", kind: "k.v1", schema: z.object({}), handle: async () => {} };
+  defineConsumer({ ...base, batch: { maxSize: 8, maxWaitMs: 2 } });
+  defineConsumer({ ...base, batch: { maxSize: 8, maxWaitMs: 2, concurrent: true } });
+  // @ts-expect-error concurrent is true or false
+  defineConsumer({ ...base, batch: { maxSize: 8, maxWaitMs: 2, concurrent: "yes" } });
+  // @ts-expect-error maxWaitMs is required
+  defineConsumer({ ...base, batch: { maxSize: 8 } });
+});
+
 test("a handler must return a promise and the schema must be given", () => {
   defineConsumer({
     name: "t.x",
