@@ -128,14 +128,17 @@ describe.each(matrix)("on %s", (c) => {
     expect(await c.rows("select consumer from test_effects")).toEqual([{ consumer: "kept" }]);
   });
 
-  test("in a batch, a job that fails after its query is undone alone", async () => {
+  test.each([
+    ["sequential", false],
+    ["concurrent", true],
+  ])("in a %s batch, a job that fails after its query is undone alone", async (_, concurrent) => {
     const { bind, counter } = creditQuery();
     const definition = consumer(
       async (data, { tx, envelope }) => {
         await bind(tx).execute({ jobId: envelope.job_id, consumer: "c", amount: data.n });
         if (data.n === 2) throw new Error("job 2 fails");
       },
-      { batch: { maxSize: 4, maxWaitMs: 30 } },
+      { batch: { maxSize: 4, maxWaitMs: 30, concurrent } },
     );
     const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
     const outcomes = await Promise.all([1, 2, 3, 4].map((n) => deliver(bound, job(n))));
