@@ -56,3 +56,30 @@ export async function waitUntil(check: () => Promise<readonly unknown[]>, what: 
   }
   throw new Error(`not reached in 10 s: ${what}`);
 }
+
+const HOUR_MS = 3_600_000;
+const DAY_MS = 24 * HOUR_MS;
+
+/**
+ * Waits, when the database's clock is within `marginMs` before a UTC
+ * midnight, or before 23:00 UTC (where the first day created ahead moves:
+ * the first midnight at least an hour ahead), until just past it. A test
+ * that reads "today" and then has the maintenance read it again must not
+ * straddle either edge; CI may run at any hour. (The wait stays under the
+ * hooks' 60 s timeout.)
+ */
+export async function awayFromDayEdges(sql: postgres.Sql, marginMs = 45_000): Promise<void> {
+  const [row] = await sql<{ ms: number }[]>`select extract(epoch from clock_timestamp())::float8 * 1000 as ms`;
+  const wait = waitPastDayEdge(row?.ms ?? 0, marginMs);
+  if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+}
+
+/** How long to wait at epoch ms `now` to be 2 s past an edge less than `marginMs` ahead (23:00 or 24:00 UTC); 0 if none is. */
+export function waitPastDayEdge(now: number, marginMs: number): number {
+  const intoDay = now % DAY_MS;
+  for (const edge of [23 * HOUR_MS, DAY_MS]) {
+    const until = edge - intoDay;
+    if (until > 0 && until <= marginMs) return until + 2_000;
+  }
+  return 0;
+}

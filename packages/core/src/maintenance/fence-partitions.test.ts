@@ -10,7 +10,15 @@ import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { uuidv7 } from "uuidv7";
 import { beforeEach, describe, expect, test } from "vitest";
-import { dbDay, fenceHome, fencePartitions, insertFences, jobsOf, waitUntil } from "../../test/fence-days.ts";
+import {
+  awayFromDayEdges,
+  dbDay,
+  fenceHome,
+  fencePartitions,
+  insertFences,
+  jobsOf,
+  waitUntil,
+} from "../../test/fence-days.ts";
 import { effectConsumer, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
 import { recordingClient } from "../../test/recording-client.ts";
 import { bindConsumer } from "../consumer.ts";
@@ -58,6 +66,7 @@ async function pastDay(): Promise<string> {
 }
 
 beforeEach(async () => {
+  await awayFromDayEdges(pg.sql);
   // Each test starts with no partition of a past day (the template's are all ahead).
   const today = await dbDay(pg.sql, 0);
   for (const day of [...(await fencePartitions(pg.sql)), ...(await fencePartitions(pg.sql, true))]) {

@@ -11,8 +11,8 @@ import { join } from "node:path";
 import { uniqueDatabaseName, useTestDatabase, withDatabase } from "@softcrum/testing";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
-import { afterAll, describe, expect, test } from "vitest";
-import { dbDay, fenceHome, fencePartitions, jobsOf } from "../../test/fence-days.ts";
+import { afterAll, beforeEach, describe, expect, test } from "vitest";
+import { awayFromDayEdges, dbDay, fenceHome, fencePartitions, jobsOf } from "../../test/fence-days.ts";
 import { createEffectsTable, effectConsumer, silentLogger } from "../../test/fixtures.ts";
 import { bindConsumer } from "../consumer.ts";
 import {
@@ -59,6 +59,9 @@ const award = (jobId?: string) =>
       data: { customerId: "c", points: 1 },
     }),
   );
+
+// The takeover creates the days ahead from the database's clock, and the tests read "today" beside it.
+beforeEach(() => awayFromDayEdges(pg.sql));
 
 describe("migration 0026 takes the fence over (#23 item 4)", () => {
   test("an unpartitioned fence table with rows becomes the default partition while consumers write: none lost, none failed, copies stay duplicates", async () => {
