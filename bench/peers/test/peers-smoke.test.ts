@@ -45,15 +45,26 @@ function runBench(env: NodeJS.ProcessEnv): Promise<{ code: number | null; stdout
   });
 }
 
+/** A run of 500 jobs, one round, with `env`: it must exit 0; its printout and its last line, parsed. */
+async function smokeRun(env: NodeJS.ProcessEnv): Promise<{ stdout: string; result: Record<string, unknown> }> {
+  const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", ...env });
+  // The failure's own words are at the end of what the run printed.
+  expect(run.code, `exit ${run.code}:\n${run.stderr.slice(-3000)}`).toBe(0);
+  return { stdout: run.stdout, result: JSON.parse(run.stdout.trim().split("\n").at(-1) ?? "") };
+}
+
+/** A run with a bad `env`: it must fail before any work, naming the accepted values; its stderr. */
+async function refusedRun(env: NodeJS.ProcessEnv): Promise<string> {
+  const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", ...env });
+  expect(run.code).not.toBe(0);
+  return run.stderr;
+}
+
 const positive = (value: unknown) => typeof value === "number" && Number.isFinite(value) && value > 0;
 
 describe("pnpm bench:peers", () => {
   it("runs every system on 500 jobs and ends with the documented JSON line", async () => {
-    const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", PEERS_SYSTEMS: "" });
-    // The failure's own words are at the end of what the run printed.
-    expect(run.code, `exit ${run.code}:\n${run.stderr.slice(-3000)}`).toBe(0);
-    const last = run.stdout.trim().split("\n").at(-1) ?? "";
-    const result = JSON.parse(last) as Record<string, unknown>;
+    const { result } = await smokeRun({ PEERS_SYSTEMS: "" });
     expect(Object.keys(result).sort()).toEqual([...KEYS].sort());
 
     const pgbench = findPgbench() !== undefined;
@@ -74,36 +85,20 @@ describe("pnpm bench:peers", () => {
 
 describe("PEERS_HANDLER", () => {
   it("builder: the harness systems run with Drizzle's builder in the handler, each effect exactly once", async () => {
-    const run = await runBench({
-      PEERS_N: "500",
-      PEERS_ROUNDS: "1",
-      PEERS_SYSTEMS: "harness,harness_batched",
-      PEERS_HANDLER: "builder",
-    });
-    expect(run.code, `exit ${run.code}:\n${run.stderr.slice(-3000)}`).toBe(0);
-    expect(run.stdout).toContain("harness handler builder");
-    const result = JSON.parse(run.stdout.trim().split("\n").at(-1) ?? "") as Record<string, unknown>;
+    const { stdout, result } = await smokeRun({ PEERS_SYSTEMS: "harness,harness_batched", PEERS_HANDLER: "builder" });
+    expect(stdout).toContain("harness handler builder");
     expect(positive(result["harness_jobs_per_s"]) && positive(result["harness_batched_jobs_per_s"])).toBe(true);
   });
 
   it("anything else is refused with the accepted values, before any database is made", async () => {
-    const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", PEERS_HANDLER: "raw" });
-    expect(run.code).not.toBe(0);
-    expect(run.stderr).toContain("PEERS_HANDLER: raw is not one of prepared, builder");
+    expect(await refusedRun({ PEERS_HANDLER: "raw" })).toContain("PEERS_HANDLER: raw is not one of prepared, builder");
   });
 });
 
 describe("PEERS_BATCH", () => {
   it("sequential: harness_batched runs a savepoint per job, each effect exactly once, one transaction id per job", async () => {
-    const run = await runBench({
-      PEERS_N: "500",
-      PEERS_ROUNDS: "1",
-      PEERS_SYSTEMS: "harness_batched",
-      PEERS_BATCH: "sequential",
-    });
-    expect(run.code, `exit ${run.code}:\n${run.stderr.slice(-3000)}`).toBe(0);
-    expect(run.stdout).toContain("batch sequential");
-    const result = JSON.parse(run.stdout.trim().split("\n").at(-1) ?? "") as Record<string, unknown>;
+    const { stdout, result } = await smokeRun({ PEERS_SYSTEMS: "harness_batched", PEERS_BATCH: "sequential" });
+    expect(stdout).toContain("batch sequential");
     expect(positive(result["harness_batched_jobs_per_s"])).toBe(true);
     // A savepoint that writes takes a transaction id of its own: at least one per job.
     const txns = (result["write_txns_per_job"] as Record<string, number>)["harness_batched"] ?? 0;
@@ -111,8 +106,8 @@ describe("PEERS_BATCH", () => {
   });
 
   it("anything else is refused with the accepted values", async () => {
-    const run = await runBench({ PEERS_N: "500", PEERS_ROUNDS: "1", PEERS_BATCH: "parallel" });
-    expect(run.code).not.toBe(0);
-    expect(run.stderr).toContain("PEERS_BATCH: parallel is not one of concurrent, sequential");
+    expect(await refusedRun({ PEERS_BATCH: "parallel" })).toContain(
+      "PEERS_BATCH: parallel is not one of concurrent, sequential",
+    );
   });
 });
