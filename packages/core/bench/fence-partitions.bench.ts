@@ -26,8 +26,11 @@
  *    run of a few hundred ms spans too few inserts for a p99 of its own (it
  *    would be their maximum): that p99 and the maximum are printed too
  *    (`live_p99_ms_run_only`, `live_max_ms_run_only`): the inserts that
- *    queued behind the detach's moment. The keys are the three events'
- *    medians; each event's figures follow.
+ *    queued behind the detach's moment. The noise floor of that ratio, in
+ *    the same run: the p99 of the 10 s before the cleanup over the p99 of
+ *    the 10 s before those, with no cleanup in either
+ *    (`live_p99_quiet_ratio`). The keys are the three events' medians; each
+ *    event's figures follow.
  * The last line is one JSON object.
  */
 import { drizzle } from "drizzle-orm/postgres-js";
@@ -216,6 +219,11 @@ try {
     let done = false;
     const live = write(copies, () => done);
     await new Promise((resolve) => setTimeout(resolve, 1_000)); // warm-up, off the clock
+    // Two quiet windows in a row, no cleanup in either: how far the p99 of
+    // one 10 s window moves from the next on this machine with nothing
+    // changed (the noise floor the cleanup's ratio is read against).
+    const quietAt = performance.now();
+    await new Promise((resolve) => setTimeout(resolve, WINDOW_MS));
     const beforeAt = performance.now();
     await new Promise((resolve) => setTimeout(resolve, WINDOW_MS));
     const duringAt = performance.now();
@@ -228,6 +236,7 @@ try {
     done = true;
     const samples = await live;
     const window = (from: number, to: number) => samples.filter((s) => s.at >= from && s.at < to).map((s) => s.ms);
+    const quiet = window(quietAt, beforeAt);
     const before = window(beforeAt, duringAt);
     const during = window(duringAt, windowEnd);
     const run = window(duringAt, endAt);
@@ -246,6 +255,7 @@ try {
       p99Before: p(before, 0.99),
       p99During: p(during, 0.99),
       ratio: p(during, 0.99) / p(before, 0.99),
+      quietRatio: p(before, 0.99) / p(quiet, 0.99),
       samplesBefore: before.length,
       samplesDuring: during.length,
       samplesRun: run.length,
@@ -256,7 +266,7 @@ try {
       `cleanup of ${day} (~${event.fences} fences, ${event.mb} MB): dropped ${report.partitionsDropped}, moved ${report.rowsMovedToDefault}, ` +
         `deleted ${report.deleted}; read ${event.read.toFixed(0)} ms, detach+move ${event.held.toFixed(1)} ms, drop ${event.drop.toFixed(1)} ms; ` +
         `live p99 ${event.p99Before.toFixed(3)} ms before (${before.length}), ${event.p99During.toFixed(3)} ms during (${during.length}): ` +
-        `${event.ratio.toFixed(3)}; in the run itself (${run.length}) p99 ${event.p99Run.toFixed(1)} ms, max ${event.maxRun.toFixed(1)} ms, ` +
+        `${event.ratio.toFixed(3)} (two quiet windows before it: ${event.quietRatio.toFixed(3)}); in the run itself (${run.length}) p99 ${event.p99Run.toFixed(1)} ms, max ${event.maxRun.toFixed(1)} ms, ` +
         `${run.filter((ms) => ms > event.p99Before).length} above the p99 before; after it (${afterRun.length}) p99 ${p(afterRun, 0.99).toFixed(3)} ms`,
     );
     return event;
@@ -270,6 +280,7 @@ try {
       fence_p99_ratio_20m_vs_100k: round(big.p99 / small.p99),
       drop_partition_ms: round(median(events.map((e) => e.held + e.drop)), 1),
       live_p99_during_cleanup_ratio: round(median(events.map((e) => e.ratio))),
+      live_p99_quiet_ratio: round(median(events.map((e) => e.quietRatio))),
       fence_rows: total?.n,
       fence_p50_ms_100k: round(small.p50),
       fence_p99_ms_100k: round(small.p99),
@@ -289,6 +300,7 @@ try {
       default_rows_deleted: events.map((e) => e.report.deleted),
       cleanup_ms: events.map((e) => round(e.cleanupMs, 0)),
       live_p99_ratios: events.map((e) => round(e.ratio)),
+      live_p99_quiet_ratios: events.map((e) => round(e.quietRatio)),
       live_p99_ms_before: events.map((e) => round(e.p99Before)),
       live_p99_ms_during: events.map((e) => round(e.p99During)),
       live_samples_during: events.map((e) => e.samplesDuring),
