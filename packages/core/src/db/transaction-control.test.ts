@@ -17,6 +17,16 @@ describe("transactionControlIn: what a batched handler may not send", () => {
     ["select 'it''s'; commit", "commit"],
     ["select $tag$ ; $tag$; commit", "commit"],
     ["select E'\\'; x'; commit", "commit"],
+    ["select e'\\''; commit", "commit"],
+    // Non-ASCII letters and $ are identifier characters: é$x$ is one identifier, not a dollar quote.
+    ["select 1 as é$x$; commit; select 1 as é$x$", "commit"],
+    ["select 1 as é; commit", "commit"],
+    // The E of x$e ends an identifier: the string after it is a plain one.
+    ["select x$e'\\'; commit; --'", "commit"],
+    // A plain string with a backslash, read both ways: standard_conforming_strings off ...
+    ["select 'a\\''; commit; select 1 --'", "commit"],
+    // ... and on.
+    ["select 'a\\'; commit; --'", "commit"],
   ])("%j ends the transaction (%s)", (text, expected) => {
     expect(transactionControlIn(text)).toBe(expected);
   });
@@ -38,6 +48,9 @@ describe("transactionControlIn: what a batched handler may not send", () => {
     "update t set ended = true where commit_id = 1",
     "prepare q as select 1",
     "select E'it\\'s; commit'",
+    "select $é$ ; commit $é$",
+    "select 1 as é$x$, 'commit'",
+    "select 'a\\', 'commit'",
   ])("%j does not", (text) => {
     expect(transactionControlIn(text)).toBeUndefined();
   });

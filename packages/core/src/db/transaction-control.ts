@@ -12,7 +12,9 @@
  *
  * The text is split into statements the way the server would — quoted
  * strings, quoted identifiers, dollar-quoted bodies and comments are skipped —
- * and the first words of each are read. SAVEPOINT, RELEASE and ROLLBACK TO
+ * and the first words of each are read. A text is read both ways a plain
+ * string can end (`standard_conforming_strings` on, and off: a database or
+ * role may set either), and refused if either reading finds a statement. SAVEPOINT, RELEASE and ROLLBACK TO
  * (what a nested `tx.transaction()` sends) are allowed.
  */
 export function transactionControlIn(text: string): string | undefined {
@@ -59,10 +61,10 @@ export function savepointIn(text: string): string | undefined {
  * a bounded number of them: texts with inlined values are each new.
  */
 function headsOf(text: string): readonly (readonly string[])[] {
-  if (text.length > MAX_KNOWN_TEXT) return statementHeads(text);
+  if (text.length > MAX_KNOWN_TEXT) return bothReadings(text);
   let heads = knownHeads.get(text);
   if (heads === undefined) {
-    heads = statementHeads(text);
+    heads = bothReadings(text);
     if (knownHeads.size >= MAX_KNOWN_TEXTS) knownHeads.clear();
     knownHeads.set(text, heads);
   }
@@ -72,13 +74,35 @@ const knownHeads = new Map<string, readonly (readonly string[])[]>();
 const MAX_KNOWN_TEXTS = 256;
 const MAX_KNOWN_TEXT = 2_048;
 
-/** The first three lower-cased words of each statement of `text`. */
-function statementHeads(text: string): string[][] {
+/**
+ * The statement heads of both readings of a plain string: with
+ * `standard_conforming_strings` off, a backslash escapes the quote after it
+ * (`'a\''` is one string), with it on it does not (`'a\'` is one string, and
+ * what follows is outside it). Only a text with a backslash reads two ways.
+ */
+function bothReadings(text: string): string[][] {
+  const standard = statementHeads(text, false);
+  return text.includes("\\") ? [...standard, ...statementHeads(text, true)] : standard;
+}
+
+/**
+ * Identifiers as the server reads them: a letter, `_` or any non-ASCII
+ * character starts one, and `$` and digits continue it, so `é$x$` is one
+ * identifier, not `é` and a dollar quote.
+ */
+const WORD = /[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*/y;
+const WORD_START = /[A-Za-z_\u0080-\uffff]/;
+const DOLLAR_TAG = /\$([A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$/y;
+
+/**
+ * The first three lower-cased words of each statement of `text`; plain
+ * strings take backslash escapes when `backslashQuotes`.
+ */
+function statementHeads(text: string, backslashQuotes: boolean): string[][] {
   const heads: string[][] = [];
   let words: string[] = [];
   let i = 0;
   const n = text.length;
-  const word = /[A-Za-z_][A-Za-z0-9_$]*/y;
   while (i < n) {
     const c = text[i] as string;
     if (c === ";") {
@@ -91,17 +115,15 @@ function statementHeads(text: string): string[][] {
     } else if (c === "/" && text[i + 1] === "*") {
       i = skipBlockComment(text, i);
     } else if (c === "'") {
-      // E'...' strings take backslash escapes; standard ones only ''.
-      const escapes = i > 0 && /[eE]/.test(text[i - 1] as string) && !/[A-Za-z0-9_]/.test(text[i - 2] ?? " ");
-      i = skipQuoted(text, i, "'", escapes);
+      i = skipQuoted(text, i, "'", backslashQuotes);
       words.push("'");
     } else if (c === '"') {
       i = skipQuoted(text, i, '"', false);
       words.push('"');
     } else if (c === "$") {
-      const tag = /\$([A-Za-z_][A-Za-z0-9_]*)?\$/y;
-      tag.lastIndex = i;
-      const m = tag.exec(text);
+      // Reached only outside an identifier (WORD takes a `$` inside one).
+      DOLLAR_TAG.lastIndex = i;
+      const m = DOLLAR_TAG.exec(text);
       if (m) {
         const end = text.indexOf(m[0], i + m[0].length);
         i = end === -1 ? n : end + m[0].length;
@@ -109,11 +131,18 @@ function statementHeads(text: string): string[][] {
       } else {
         i++;
       }
-    } else if (/[A-Za-z_]/.test(c)) {
-      word.lastIndex = i;
-      const m = word.exec(text) as RegExpExecArray;
-      if (words.length < 3) words.push(m[0].toLowerCase());
+    } else if (WORD_START.test(c)) {
+      WORD.lastIndex = i;
+      const m = WORD.exec(text) as RegExpExecArray;
       i += m[0].length;
+      if ((m[0] === "e" || m[0] === "E") && text[i] === "'") {
+        // E'...': an escape string, whatever the setting (only a lone E
+        // starts one: in `x$e'...'` the E ends an identifier).
+        i = skipQuoted(text, i, "'", true);
+        words.push("'");
+      } else if (words.length < 3) {
+        words.push(m[0].toLowerCase());
+      }
     } else {
       if (!/\s/.test(c) && words.length < 3) words.push(c);
       i++;
