@@ -6,12 +6,12 @@
  */
 import { sql } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
+import { jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
 import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
 import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
-import { createEnvelope, type Envelope } from "../envelope.ts";
+import type { Envelope } from "../envelope.ts";
 import { PermanentError, RateLimitedError } from "../errors.ts";
-import type { BoundConsumer, DeliveryResult } from "../queue-port.ts";
 
 // postgres.js without the #1208 patch has its own cases below.
 // Read committed and serializable: the engine pins its own level, and the
@@ -53,17 +53,6 @@ function batchedAs(mode: Mode) {
     return { definition, runs };
   };
 }
-const job = (n: number) => createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } });
-const jobs = (count: number, from = 1) => Array.from({ length: count }, (_, i) => job(from + i));
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Delivers every envelope at once (they gather into batches), in order. */
-function together(bound: BoundConsumer, envelopes: readonly Envelope[], deliveryCount = 1): Promise<DeliveryResult[]> {
-  return Promise.all(envelopes.map((e) => bound.deliver({ body: JSON.stringify(e), deliveryCount })));
-}
-
-/** A delivery's outcome and whether it spends an attempt (undefined where the outcome has no such field). */
-const outcomeAndAttempt = (r: DeliveryResult) => [r.outcome, "spendsAttempt" in r ? r.spendsAttempt : undefined];
 
 async function stateOf(c: DriverCase, envelopes: readonly Envelope[]) {
   const ids = envelopes.map((e) => e.job_id);

@@ -297,12 +297,19 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     let opened = await openBatch(run, jobs, settled, end);
     let rerun = false;
     if (concurrent && opened.toRun.length > 1) {
-      if (await runConcurrently(run, jobs, opened, settled, end)) return;
+      const stragglers = await runConcurrently(run, jobs, opened, settled, end);
+      if (stragglers === true) return;
       // Rolled back: the batch runs again from BEGIN, one handler after another.
       rerun = true;
       end.state = "rollback";
+      end.commitSent = false;
       settled.length = 0;
-      opened = await openBatch(run, jobs, settled, end);
+      opened = await openBatch(run, jobs, settled, end).catch((error: unknown) => {
+        // The budget went before the batch could open again (spent waiting
+        // behind a straggler's statement): the stragglers are suspects.
+        if (deadline.spent) suspect(run, jobs, stragglers);
+        throw error;
+      });
     }
     const { xid, unfence, toRun } = opened;
 
@@ -441,12 +448,14 @@ async function openBatch(run: Run, jobs: readonly Job[], settled: Settled[], end
 /**
  * The handlers of an opened batch at the same time, with no savepoints
  * (`BatchOptions.concurrent`). True when every job that ran is settled
- * (committed, or the commit's failure); false when nothing committed and the
- * connection is idle again — a handler threw, refused, or left a failed
- * statement, even one that failed only at COMMIT — so the batch must run
- * again the sequential way, which classifies each job on its own. Throws
- * (the batch aborted, no attempt spent) when the budget ran out or the
- * connection broke: with handlers at once, queued behind each other's
+ * (committed, or the commit's failure: once COMMIT went, every job's);
+ * otherwise nothing committed and the connection is idle again — a handler
+ * threw, refused, or left a failed statement, even one that failed only at
+ * COMMIT — so the batch must run again the sequential way, which classifies
+ * each job on its own; the answer is then the jobs still running at the
+ * first failure (suspects if the budget goes before the batch opens again).
+ * Throws (the batch aborted, no attempt spent) when the budget ran out or
+ * the connection broke: with handlers at once, queued behind each other's
  * queries, the one that made the batch late is not known, so the jobs still
  * running become suspects whose next batch runs one handler after another.
  */
@@ -456,7 +465,7 @@ async function runConcurrently(
   opened: Opened,
   settled: Settled[],
   end: RunEnd,
-): Promise<boolean> {
+): Promise<true | number[]> {
   const { driver, conn, deadline, timeoutMs } = run;
   const { toRun, unfence, xid } = opened;
   const gates = toRun.map(() => new ConcurrentGate());
@@ -466,8 +475,13 @@ async function runConcurrently(
   // handler still running can send nothing more), every signal aborts, and
   // the rollback and the sequential run get what is left of the budget.
   let failed: (() => void) | undefined;
+  // The jobs whose handlers were still running at the first failure: their
+  // statements may still hold the connection, and the ROLLBACK waits behind
+  // them. If the budget goes in that wait, they are the suspects.
+  let stragglers: number[] = [];
   const firstFailure = new Promise<false>((resolve) => {
     failed = () => {
+      stragglers = [...running];
       stop(gates, signals, new BatchRerunError());
       resolve(false);
     };
@@ -505,7 +519,7 @@ async function runConcurrently(
       return error;
     });
   } catch (error) {
-    for (const i of late) run.suspects.add((jobs[i] as Job).id);
+    suspect(run, jobs, late);
     throw new BatchAbortedError(error);
   } finally {
     for (const gate of gates) gate.close();
@@ -516,20 +530,35 @@ async function runConcurrently(
       if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
       await commitWork(conn, deadline, timeoutMs, xid, end);
     } catch (error) {
-      if (destroyed(end)) throw new BatchAbortedError(error);
       // COMMIT answered ROLLBACK: a statement a handler did not await failed
       // after the status was read. Nothing committed and the connection is
-      // idle: run again. (A failed unfence leaves the transaction to roll back.)
-      if (error instanceof RolledBackAtCommitError) return false;
-      if (end.state === "rollback") return rollBack(run, end);
-      // Every job's failure, as for a single job (the fence decides on retry).
+      // idle: run again.
+      if (error instanceof RolledBackAtCommitError) return [];
+      if (!end.commitSent) {
+        // The unfence or the budget failed before COMMIT: nothing committed.
+        if (destroyed(end)) throw new BatchAbortedError(error);
+        if (end.state === "rollback") return rollBack(run, end).then(() => []);
+      }
+      // COMMIT went and its answer is an error, late or lost: every job's
+      // failure, as for a single job (an attempt spent; the fence decides on retry).
       for (const i of toRun) settled[i] = { ok: false, error };
       return true;
     }
     for (const i of toRun) settled[i] = { ok: true, outcome: { status: "committed" } };
     return true;
   }
-  return rollBack(run, end);
+  return rollBack(run, end).then(
+    () => stragglers,
+    (error: unknown) => {
+      suspect(run, jobs, stragglers);
+      throw error;
+    },
+  );
+}
+
+/** Jobs of the batch (by index) whose next batch runs one handler after another, with the whole budget. */
+function suspect(run: Run, jobs: readonly Job[], indexes: readonly number[]): void {
+  for (const i of indexes) run.suspects.add((jobs[i] as Job).id);
 }
 
 /** Closes every gate and aborts every handler's signal with `reason`. */

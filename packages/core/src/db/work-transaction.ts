@@ -384,6 +384,8 @@ export class StartTimeoutError extends Error {
 export type EndState = "idle" | "rollback" | "destroy";
 export interface RunEnd {
   state: EndState;
+  /** COMMIT went to the server: a failure after this may have committed (`commitWork`). */
+  commitSent?: boolean;
 }
 
 export async function runOn(
@@ -540,6 +542,7 @@ export async function commitWork(
   // over, and a COMMIT sent now would make an outcome nobody waits for.
   if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
   let committed: string | undefined;
+  end.commitSent = true;
   try {
     committed = await deadline.within(
       conn.commit(),
