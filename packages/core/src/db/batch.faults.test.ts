@@ -1,7 +1,8 @@
 /**
  * Batches against the faults a second reader found (#23): a COMMIT hidden
  * from the batch's gate (an identifier the scanner misread, a string read
- * under the other `standard_conforming_strings`), a concurrent run whose
+ * under the other `standard_conforming_strings`), a failure that only COMMIT
+ * sees (a statement the last handler did not await), a concurrent run whose
  * ROLLBACK waits out the budget behind a slow statement, a COMMIT whose
  * answer comes after the budget, a DO block that commits, and a copy of a
  * job in another worker's batch while this one runs again. Each test failed
@@ -90,6 +91,34 @@ describe.each(matrix)("batch faults on %s", (c) => {
     expect(results[1]?.outcome).not.toBe("duplicate");
     expect(await effectsOf([batch[1] as Envelope])).toMatchObject({ fences: 0 });
   });
+
+  // ------------------------------------------------------- unawaited failure
+  // The last job of a batch sends a statement it does not await and returns:
+  // the session still says the transaction is healthy, and only COMMIT sees
+  // the failure (it answers ROLLBACK). Which job sent it is not known there:
+  // no job is charged, every job is deferred and runs alone next time, where
+  // the one that sent it is charged and the others commit.
+  for (const mode of ["concurrent", "sequential"] as const)
+    test(`[${mode}] the last job's statement it did not await fails after it returned: no other job is charged for it; alone, the one that sent it is`, async () => {
+      const definition = consumer(
+        async (data, { tx, envelope }) => {
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          if (data.n === 4) {
+            void tx.execute(sql`select pg_sleep(0.2), 1 / floor(random())::int`).catch(() => {});
+            await sleep(20); // sent, not answered
+          }
+        },
+        { batch: { ...BATCH, concurrent: mode === "concurrent" } },
+      );
+      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+      const batch = jobs(4);
+      expect((await together(bound, batch)).map(outcomeAndAttempt)).toEqual(Array(4).fill(["deferred", false]));
+      expect(await effectsOf(batch)).toMatchObject({ effects: 0, fences: 0 });
+      const again = await together(bound, batch, 2);
+      expect(again.map((r) => r.outcome)).toEqual(["success", "success", "success", "retry"]);
+      expect(again[3]).toMatchObject({ spendsAttempt: true });
+      expect(await effectsOf(batch)).toMatchObject({ effects: 3, fences: 3 });
+    });
 
   // ---------------------------------------------------------- budget + suspects
   // After a concurrent run's first failure, ROLLBACK goes behind the

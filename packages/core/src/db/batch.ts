@@ -43,6 +43,7 @@
  * the transaction's, shared by handlers running at once.
  */
 import { InvalidConfigError } from "../errors.ts";
+import { Collector, type Job, Suspects } from "./batch-collector.ts";
 import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
 import { BatchAbortedError, HandlerTimeoutError, RolledBackAtCommitError, WorkNotStartedError } from "./errors.ts";
 import { savepointIn, transactionControlIn } from "./transaction-control.ts";
@@ -53,7 +54,6 @@ import {
   DEFAULT_TIMEOUT_MS,
   Deadline,
   driverFor,
-  type FenceTarget,
   finish,
   handlerTransaction,
   letterOutcome,
@@ -139,6 +139,7 @@ export function batchedWorkTransactionFor(
   const openings = new Openings();
   const single = singleRunner(driver, openings);
   const suspects = new Suspects();
+  const alone = new Suspects();
   const run = async (jobs: readonly Job[]): Promise<void> => {
     const first = jobs[0] as Job;
     const timeoutMs = first.target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
@@ -163,7 +164,7 @@ export function batchedWorkTransactionFor(
         await others;
       } else {
         const concurrent = batch.concurrent === true;
-        await runBatchOn({ driver, conn, openings, deadline, timeoutMs, concurrent, suspects }, jobs, settled);
+        await runBatchOn({ driver, conn, openings, deadline, timeoutMs, concurrent, suspects, alone }, jobs, settled);
       }
     } catch (error) {
       for (let i = 0; i < jobs.length; i++) settled[i] ??= { ok: false, error };
@@ -176,65 +177,11 @@ export function batchedWorkTransactionFor(
       else job.reject(result.error);
     });
   };
-  const collector = new Collector(batch, run);
+  const collector = new Collector(batch, run, alone);
   return (target, work) => collector.add(target, work);
 }
 
-type Work = Parameters<RunInWorkTransaction>[1];
-interface Job {
-  readonly target: FenceTarget;
-  readonly id: string;
-  readonly work: Work;
-  readonly resolve: (outcome: WorkOutcome) => void;
-  readonly reject: (error: unknown) => void;
-}
 type Settled = { readonly ok: true; readonly outcome: WorkOutcome } | { readonly ok: false; readonly error: unknown };
-
-/** Gathers calls into batches: full at `maxSize`, due `maxWaitMs` after its first job, cut by a second job of a key. */
-class Collector {
-  #forming: Job[] = [];
-  readonly #ids = new Set<string>();
-  readonly #keys = new Set<string>();
-  #timer: NodeJS.Timeout | undefined;
-  constructor(
-    private readonly batch: BatchOptions,
-    private readonly run: (jobs: readonly Job[]) => Promise<void>,
-  ) {}
-
-  add(target: FenceTarget, work: Work): Promise<WorkOutcome> {
-    return new Promise<WorkOutcome>((resolve, reject) => {
-      const id = target.jobId.toLowerCase();
-      const first = this.#forming[0]?.target;
-      // Two copies of one job, two jobs of one ordering key, or another
-      // consumer's or budget's job never share a batch: the batch forming
-      // goes now, and this job starts the next one.
-      if (
-        first !== undefined &&
-        (this.#ids.has(id) ||
-          (target.lockKey !== undefined && this.#keys.has(target.lockKey)) ||
-          first.consumer !== target.consumer ||
-          first.timeoutMs !== target.timeoutMs)
-      ) {
-        this.#flush();
-      }
-      this.#forming.push({ target, id, work, resolve, reject });
-      this.#ids.add(id);
-      if (target.lockKey !== undefined) this.#keys.add(target.lockKey);
-      if (this.#forming.length >= this.batch.maxSize) this.#flush();
-      else this.#timer ??= setTimeout(() => this.#flush(), this.batch.maxWaitMs);
-    });
-  }
-
-  #flush(): void {
-    clearTimeout(this.#timer);
-    this.#timer = undefined;
-    const jobs = this.#forming;
-    this.#forming = [];
-    this.#ids.clear();
-    this.#keys.clear();
-    if (jobs.length > 0) void this.run(jobs);
-  }
-}
 
 /** The locks of a batch's ordering keys, each once, in the order of their hash: batches never lock in a cycle. */
 const LOCKS_SQL = `select count(pg_advisory_xact_lock(h)) as locked from
@@ -282,6 +229,13 @@ interface Run {
   readonly timeoutMs: number;
   readonly concurrent: boolean;
   readonly suspects: Suspects;
+  /**
+   * Jobs whose next delivery runs in a transaction of its own: a batch went
+   * wrong after one of its handlers returned (a statement it sent without
+   * awaiting failed later) and which one is not known; alone, the fault is
+   * charged to the job that made it.
+   */
+  readonly alone: Suspects;
 }
 
 /** A batch of two or more jobs of one consumer on one connection; fills `settled` (one entry per job). */
@@ -346,10 +300,11 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         }
         throw new BatchAbortedError(failure?.error);
       }
-      // A failed SAVEPOINT: a statement of the previous job failed after its
+      // A failed SAVEPOINT: a statement of an earlier job failed after its
       // handler returned (one it did not await). Nothing is known to be
-      // clean: the whole batch is undone.
+      // clean: the whole batch is undone, and each job runs alone next time.
       await within(run, savepoint, end).catch((error: unknown) => {
+        if (!destroyed(end)) isolate(run, jobs);
         throw new BatchAbortedError(error);
       });
       if (failure === undefined) {
@@ -384,6 +339,13 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     try {
       await commitWork(conn, deadline, timeoutMs, xid, end);
     } catch (error) {
+      if (error instanceof RolledBackAtCommitError) {
+        // Nothing committed: a statement a handler did not await failed
+        // after the status was read, and whose it was is not known. No job
+        // is charged for it here; each runs alone next time, where it is.
+        isolate(run, jobs);
+        throw error;
+      }
       // Every committed job's failure, as for a single job (the fence decides on retry).
       for (const i of committers) settled[i] = { ok: false, error };
       return;
@@ -561,6 +523,11 @@ function suspect(run: Run, jobs: readonly Job[], indexes: readonly number[]): vo
   for (const i of indexes) run.suspects.add((jobs[i] as Job).id);
 }
 
+/** Every job of the batch runs in a transaction of its own next time (`Run.alone`). */
+function isolate(run: Run, jobs: readonly Job[]): void {
+  for (const job of jobs) run.alone.add(job.id);
+}
+
 /** Closes every gate and aborts every handler's signal with `reason`. */
 function stop(gates: readonly Gate[], signals: readonly RunSignal[], reason: Error): void {
   for (const gate of gates) gate.close();
@@ -588,28 +555,6 @@ export class BatchRerunError extends Error {
     this.name = "BatchRerunError";
   }
 }
-
-/**
- * Jobs whose next batch runs one handler after another with the whole
- * budget: a job still running when a concurrent batch's budget ran out, or
- * one that ran out of the budget the concurrent run left it. Such a job
- * spent no attempt then; the sequential run charges the job that is slow
- * itself. Bounded: a worker runs for weeks.
- */
-class Suspects {
-  readonly #ids = new Set<string>();
-  add(id: string): void {
-    if (this.#ids.size >= MAX_SUSPECTS) this.#ids.clear();
-    this.#ids.add(id);
-  }
-  has(id: string): boolean {
-    return this.#ids.has(id);
-  }
-  delete(id: string): void {
-    this.#ids.delete(id);
-  }
-}
-const MAX_SUSPECTS = 4_096;
 
 /**
  * A handler's gate in a concurrent batch: also refuses savepoints, and
