@@ -214,7 +214,7 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
     expect(await stateOf(c, batch)).toEqual({ effects: 8, fences: 8, letters: 0, transactions: 1 });
   });
 
-  test("a statement a handler did not await fails after it returned (COMMIT answers ROLLBACK): no job is a success without its effect", async () => {
+  test("a statement a handler did not await fails after it returned (COMMIT answers ROLLBACK): no job is a success without its effect, and redelivered alone the one that sent it is charged", async () => {
     const { definition } = batched(async (n, tx) => {
       // Fails when it runs (not when it is planned), after the handler returned.
       if (n === 1) void tx.execute(sql`select pg_sleep(0.2), 1 / floor(random())::int`).catch(() => {});
@@ -228,6 +228,13 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
       // no failure of its own (concurrent: COMMIT answered ROLLBACK, and the
       // batch ran again one handler after another, to the same end).
       expect(results.map(outcomeAndAttempt)).toEqual(Array(8).fill(["deferred", false]));
+      // Redelivered, each job runs in a transaction of its own: the one that
+      // sent the statement is charged, the others commit.
+      const again = await together(bound, batch, 2);
+      expect(again.map((r) => r.outcome)).toEqual(["retry", ...Array(7).fill("success")]);
+      expect(again[0]).toMatchObject({ spendsAttempt: true });
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 7, fences: 7 });
+      return;
     }
     const succeeded = batch.filter((_, i) => results[i]?.outcome === "success");
     expect(await stateOf(c, succeeded)).toMatchObject({ effects: succeeded.length, fences: succeeded.length });
