@@ -7,9 +7,17 @@ import { execFileSync } from "node:child_process";
 import { accessSync, constants } from "node:fs";
 import { delimiter, join } from "node:path";
 
-/** Every system, in the order of the table and of the first round. */
+/** The systems of a default run, in the order of the table and of the first round. */
 export const SYSTEMS = ["harness", "harness_batched", "graphile_worker", "pg_boss", "dbos", "pgbench"] as const;
-export type SystemName = (typeof SYSTEMS)[number];
+/**
+ * References that run only when PEERS_SYSTEMS names them (the default run,
+ * and its JSON line, stay the issue's six systems): `raw_postgresjs`, the
+ * harness's single-job transaction by hand on postgres.js.
+ */
+export const REFERENCES = ["raw_postgresjs"] as const;
+/** Every system that can run, in the order of the table. */
+export const ALL_SYSTEMS = [...SYSTEMS, ...REFERENCES] as const;
+export type SystemName = (typeof ALL_SYSTEMS)[number];
 
 /** The job systems the harness is compared with; the fastest of them is the "best peer". */
 export const PEERS: readonly SystemName[] = ["graphile_worker", "pg_boss", "dbos"];
@@ -87,16 +95,17 @@ function positiveInt(name: string, fallback: number): number {
 
 /**
  * PEERS_N (20000), PEERS_ROUNDS (3), PEERS_CONCURRENCY (16), PEERS_SYSTEMS
- * (all, comma list), PEERS_HANDLER (prepared), PEERS_BATCH (concurrent).
+ * (SYSTEMS, comma list, may name REFERENCES), PEERS_HANDLER (prepared),
+ * PEERS_BATCH (concurrent).
  */
 export function benchOptions(): BenchOptions {
   const listed = (process.env["PEERS_SYSTEMS"] ?? "")
     .split(",")
     .map((name) => name.trim())
     .filter((name) => name !== "");
-  const unknown = listed.filter((name) => !(SYSTEMS as readonly string[]).includes(name));
+  const unknown = listed.filter((name) => !(ALL_SYSTEMS as readonly string[]).includes(name));
   if (unknown.length > 0) {
-    throw new Error(`PEERS_SYSTEMS: unknown ${unknown.join(", ")}; known: ${SYSTEMS.join(", ")}`);
+    throw new Error(`PEERS_SYSTEMS: unknown ${unknown.join(", ")}; known: ${ALL_SYSTEMS.join(", ")}`);
   }
   const handler = process.env["PEERS_HANDLER"] || "prepared";
   if (!(HARNESS_HANDLERS as readonly string[]).includes(handler)) {
@@ -112,7 +121,7 @@ export function benchOptions(): BenchOptions {
     jobs: positiveInt("PEERS_N", 20_000),
     rounds: positiveInt("PEERS_ROUNDS", 3),
     concurrency: positiveInt("PEERS_CONCURRENCY", 16),
-    systems: listed.length === 0 ? SYSTEMS : SYSTEMS.filter((name) => listed.includes(name)),
+    systems: listed.length === 0 ? SYSTEMS : ALL_SYSTEMS.filter((name) => listed.includes(name)),
   };
 }
 

@@ -24,7 +24,7 @@ import { z } from "zod";
 import type { RunSpec, Sample } from "./config.ts";
 import { effects, expectEffects, sampleOf, startMeter, withFreshDatabases } from "./measure.ts";
 
-const POOL_MAX = 10;
+export const POOL_MAX = 10;
 const KIND = "peers.credit.v1";
 const BATCH_SIZE = 8;
 const BATCH_WAIT_MS = 2;
@@ -48,6 +48,22 @@ async function timed<T>(items: readonly T[], loops: number, work: (item: T) => P
     }),
   );
   return performance.now() - started;
+}
+
+/**
+ * The warm-up and the timed run of `job` over envelope bodies queued before
+ * the clock, metered, then checked for exactly one effect per job.
+ */
+export async function measured(spec: RunSpec, url: string, job: (body: string) => Promise<void>): Promise<Sample> {
+  const warmup = envelopes(spec.warmup);
+  const jobs = envelopes(spec.jobs);
+  await timed(warmup, spec.concurrency, job);
+
+  const meter = await startMeter(url);
+  const ms = await timed(jobs, spec.concurrency, job);
+  const costs = await meter.stop();
+  await expectEffects(url, spec.jobs + spec.warmup, spec.system);
+  return sampleOf(spec.system, spec.jobs, ms, costs);
 }
 
 const creditPrepared = preparedQuery("peers_credit", (tx) =>
@@ -81,16 +97,7 @@ export function runHarness(spec: RunSpec): Promise<Sample> {
         if (result.outcome !== "success") throw new Error(`${spec.system}: outcome ${result.outcome}, not success`);
       };
 
-      // Queued before the clock: the bodies of the warm-up and of the timed run.
-      const warmup = envelopes(spec.warmup);
-      const jobs = envelopes(spec.jobs);
-      await timed(warmup, spec.concurrency, deliver);
-
-      const meter = await startMeter(database.url);
-      const ms = await timed(jobs, spec.concurrency, deliver);
-      const costs = await meter.stop();
-      await expectEffects(database.url, spec.jobs + spec.warmup, spec.system);
-      return sampleOf(spec.system, spec.jobs, ms, costs);
+      return await measured(spec, database.url, deliver);
     } finally {
       await sql.end({ timeout: 5 });
     }

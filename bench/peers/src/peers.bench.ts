@@ -15,7 +15,7 @@ import { availableParallelism, loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
 import { findPostgres } from "@softcrum/testing/postgres";
 import { benchOptions, findPgbench, type RunSpec, type Sample, type SystemName, WARMUP_JOBS } from "./config.ts";
-import { result, summarize, table } from "./report.ts";
+import { notes, result, summarize, table } from "./report.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
 const RUN_SYSTEM = fileURLToPath(new URL("./run-system.ts", import.meta.url));
@@ -88,6 +88,7 @@ try {
     "write txns and WAL are cluster-wide (anything else running on the server counts); CPU is the client's (pgbench's own for pgbench)\n",
   );
   console.log(table(summaries));
+  for (const line of notes(summaries)) console.log(line);
   console.log(JSON.stringify(result(summaries)));
 } finally {
   await server.stop();

@@ -2,7 +2,7 @@
  * From the rounds' samples to what `pnpm bench:peers` prints: the median of
  * each measure across rounds, a table, and the one-line JSON result.
  */
-import { PEERS, type Sample, SYSTEMS, type SystemName } from "./config.ts";
+import { ALL_SYSTEMS, PEERS, type Sample, type SystemName } from "./config.ts";
 
 /** What each system promises about a job's effect (bench/peers/README.md has the details). */
 export const SEMANTICS: Record<SystemName, string> = {
@@ -12,6 +12,7 @@ export const SEMANTICS: Record<SystemName, string> = {
   pg_boss: "at-least-once",
   dbos: "exactly-once transaction step",
   pgbench: "no job system (ceiling)",
+  raw_postgresjs: "no job system, no checks (postgres.js ceiling, 1 commit per job)",
 };
 
 export interface Summary {
@@ -33,7 +34,7 @@ export function median(values: readonly number[]): number {
 }
 
 export function summarize(samples: readonly Sample[]): Summary[] {
-  return SYSTEMS.flatMap((system) => {
+  return ALL_SYSTEMS.flatMap((system) => {
     const mine = samples.filter((sample) => sample.system === system);
     if (mine.length === 0) return [];
     const cpu = mine.map((sample) => sample.cpuUsPerJob).filter((value): value is number => value !== null);
@@ -71,6 +72,28 @@ export function table(summaries: readonly Summary[]): string {
     i === 0 ? text.padEnd(widths[i] ?? 0) : i === header.length - 1 ? text : text.padStart(widths[i] ?? 0);
   const line = (cells: readonly string[]) => cells.map(cell).join("  ");
   return [line(header), line(widths.map((w) => "-".repeat(w))), ...rows.map(line)].join("\n");
+}
+
+/**
+ * What a reference says, under the table (nothing when none ran): how far the
+ * fastest peer is from the single-job ceiling of a postgres.js client, and
+ * how close the harness's single job comes to that ceiling.
+ */
+export function notes(summaries: readonly Summary[]): string[] {
+  const raw = summaries.find((s) => s.system === "raw_postgresjs");
+  if (raw === undefined) return [];
+  const peers = summaries.filter((s) => PEERS.includes(s.system));
+  const best = peers.reduce<Summary | undefined>(
+    (a, s) => (a === undefined || s.jobsPerS > a.jobsPerS ? s : a),
+    undefined,
+  );
+  const harness = summaries.find((s) => s.system === "harness");
+  const lines: string[] = [];
+  if (best !== undefined) {
+    lines.push(`raw_postgresjs / best peer (${best.system}): ${round3(raw.jobsPerS / best.jobsPerS)}`);
+  }
+  if (harness !== undefined) lines.push(`harness / raw_postgresjs: ${round3(harness.jobsPerS / raw.jobsPerS)}`);
+  return lines;
 }
 
 /** The last line of `pnpm bench:peers`: exactly these keys, null for what did not run. */

@@ -17,6 +17,7 @@ const RUNNERS: Record<SystemName, () => Promise<Runner>> = {
   pg_boss: async () => (await import("./pg-boss.ts")).runPgBoss,
   dbos: async () => (await import("./dbos.ts")).runDbos,
   pgbench: async () => (await import("./pgbench.ts")).runPgbench,
+  raw_postgresjs: async () => (await import("./raw-postgresjs.ts")).runRawPostgresJs,
 };
 
 const spec = JSON.parse(process.argv[2] ?? "null") as RunSpec | null;

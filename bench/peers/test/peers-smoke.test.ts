@@ -83,6 +83,29 @@ describe("pnpm bench:peers", () => {
   });
 });
 
+describe("raw_postgresjs", () => {
+  it("runs only when named: its effects exactly once, in the per-system measures and the notes, never a peer", async () => {
+    const { stdout, result } = await smokeRun({ PEERS_SYSTEMS: "harness,raw_postgresjs" });
+    expect(Object.keys(result).sort()).toEqual([...KEYS].sort());
+    for (const key of ["cpu_us_per_job", "write_txns_per_job", "wal_bytes_per_job"]) {
+      const perSystem = result[key] as Record<string, unknown>;
+      expect(Object.keys(perSystem).sort(), key).toEqual(["harness", "raw_postgresjs"]);
+      expect(positive(perSystem["raw_postgresjs"]), `${key}.raw_postgresjs`).toBe(true);
+    }
+    // One commit per job, as the harness's single job.
+    expect((result["write_txns_per_job"] as Record<string, number>)["raw_postgresjs"]).toBeGreaterThanOrEqual(1);
+    // Not a peer: with no peer run, there is no best peer.
+    expect(result["vs_best_peer"]).toBeNull();
+    expect(stdout).toMatch(/harness \/ raw_postgresjs: \d/);
+  });
+
+  it("an unknown name is refused with every known one", async () => {
+    expect(await refusedRun({ PEERS_SYSTEMS: "harness,raw" })).toContain(
+      "PEERS_SYSTEMS: unknown raw; known: harness, harness_batched, graphile_worker, pg_boss, dbos, pgbench, raw_postgresjs",
+    );
+  });
+});
+
 describe("PEERS_HANDLER", () => {
   it("builder: the harness systems run with Drizzle's builder in the handler, each effect exactly once", async () => {
     const { stdout, result } = await smokeRun({ PEERS_SYSTEMS: "harness,harness_batched", PEERS_HANDLER: "builder" });
