@@ -149,7 +149,7 @@ describe("a success proves its commit (#8 item 2)", () => {
     expect(await stateOf(killed.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
   });
 
-  test("a handler that ends the transaction itself (COMMIT through tx) is not acknowledged as a success", async () => {
+  test("a handler that tries to end the transaction itself (COMMIT through tx) is refused before it is sent, never acknowledged as a success", async () => {
     const db = pool(1);
     const e = job(1);
     const c = bindConsumer(
@@ -161,7 +161,8 @@ describe("a success proves its commit (#8 item 2)", () => {
     );
     const result = await c.deliver({ body: body(e), deliveryCount: 1 });
     expect(result.outcome).toBe("retry");
-    expect(result).toMatchObject({ error: expect.stringMatching(/commit is not proven/) });
+    expect(result).toMatchObject({ error: expect.stringMatching(/COMMIT refused/) });
+    expect(await stateOf(e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
   });
 
   test("40 jobs over a pool of 4 whose backends are terminated mid-handler: every job ends with exactly one effect and one fence", async () => {

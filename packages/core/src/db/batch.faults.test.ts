@@ -66,6 +66,32 @@ describe.each(matrix)("batch faults on %s", (c) => {
     });
   }
 
+  // A sequential batch keeps each job's savepoint (the next one nests inside
+  // it): a handler that released the savepoint above its work and rolled
+  // back to the one below would undo the previous job's work, whose fence
+  // (written at the batch's opening) would still commit.
+  test("[sequential] a handler that names the batch's own savepoint cannot undo the job before it: every committed fence has its effect", async () => {
+    const definition = consumer(
+      async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        if (data.n === 2) {
+          await tx
+            .execute(sql.raw("release savepoint softcrum_job; rollback to savepoint softcrum_job"))
+            .catch(() => {});
+        }
+      },
+      { batch: { ...BATCH, concurrent: false } },
+    );
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const batch = jobs(2);
+    const results = await together(bound, batch);
+    expect(results[0]?.outcome).toBe("success");
+    expect(await effectsOf([batch[0] as Envelope])).toEqual({ effects: 1, fences: 1 });
+    // Job 2 caught the error of its failed statement: retried, nothing of it committed.
+    expect(results[1]?.outcome).toBe("retry");
+    expect(await effectsOf([batch[1] as Envelope])).toEqual({ effects: 0, fences: 0 });
+  });
+
   // With standard_conforming_strings off (a database/role default the
   // harness does not control), '\'' ends a string for the server, while the
   // scanner (standard strings only) reads '' as an escaped quote and keeps

@@ -42,11 +42,12 @@
  * statements are refused there (`ConcurrentGate`): savepoints are a stack of
  * the transaction's, shared by handlers running at once.
  */
+import { randomBytes } from "node:crypto";
 import { InvalidConfigError } from "../errors.ts";
 import { Collector, type Job, Suspects } from "./batch-collector.ts";
 import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
 import { BatchAbortedError, HandlerTimeoutError, RolledBackAtCommitError, WorkNotStartedError } from "./errors.ts";
-import { savepointIn, transactionControlIn } from "./transaction-control.ts";
+import { savepointIn } from "./transaction-control.ts";
 import type { AnyPgDatabase } from "./types.ts";
 import {
   acquireWithin,
@@ -198,28 +199,16 @@ const FENCES_SQL = FENCES;
 const FENCES_XID_SQL = `${FENCES}, pg_current_xact_id()::text as xid`;
 /** The fences of the batch's jobs that do not commit. */
 const UNFENCE_SQL = "delete from core.processed_jobs where consumer = $2 and job_id = any($1::uuid[])";
-const SAVEPOINT = "savepoint softcrum_job";
-const RELEASE = "release savepoint softcrum_job";
-const ROLLBACK_TO = "rollback to savepoint softcrum_job";
-
-/** A handler's gate in a batch: also refuses a statement that would end the transaction. */
-class BatchGate extends Gate {
-  override check(text?: unknown): void {
-    super.check();
-    const control = typeof text === "string" ? transactionControlIn(text) : undefined;
-    if (control !== undefined) throw new BatchTransactionControlError(control);
-  }
-}
-
-/** A handler of a batched consumer sent COMMIT, ROLLBACK or the like through its `tx`. */
-export class BatchTransactionControlError extends Error {
-  constructor(statement: string) {
-    super(
-      `${statement.toUpperCase()} refused: a handler of a batched consumer shares its transaction with other jobs and may not end it (nested tx.transaction() savepoints are fine)`,
-    );
-    this.name = "BatchTransactionControlError";
-  }
-}
+/**
+ * The name of each job's savepoint: a handler that named it could release
+ * its own and roll back to the previous job's, undoing that job's work while
+ * its fence (written at the batch's opening) still commits. Drawn once per
+ * process, so no handler names it by accident or by copying it from here.
+ */
+const SAVEPOINT_NAME = `softcrum_job_${randomBytes(8).toString("hex")}`;
+const SAVEPOINT = `savepoint ${SAVEPOINT_NAME}`;
+const RELEASE = `release savepoint ${SAVEPOINT_NAME}`;
+const ROLLBACK_TO = `rollback to savepoint ${SAVEPOINT_NAME}`;
 
 interface Run {
   readonly driver: ReturnType<typeof driverFor>;
@@ -284,7 +273,7 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
       savepoint.catch(noop);
       let failure: { error: unknown } | undefined;
       try {
-        await runHandler(driver, conn, new BatchGate(), deadline, timeoutMs, job.work, end);
+        await runHandler(driver, conn, new Gate(), deadline, timeoutMs, job.work, end);
       } catch (error) {
         failure = { error };
       }
@@ -561,7 +550,7 @@ export class BatchRerunError extends Error {
  * remembers a refusal, so a handler that caught the error still sends its
  * job to the sequential run.
  */
-class ConcurrentGate extends BatchGate {
+class ConcurrentGate extends Gate {
   refused: Error | undefined;
   override check(text?: unknown): void {
     try {

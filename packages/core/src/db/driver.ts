@@ -10,7 +10,8 @@
  * `<name>Driver(db)` that returns a Driver for a Drizzle database of that
  * driver, or undefined for any other.
  */
-import { WorkTransactionOverError } from "./errors.ts";
+import { TransactionControlError, WorkTransactionOverError } from "./errors.ts";
+import { transactionControlIn } from "./transaction-control.ts";
 
 /** A statement: text, and its parameters (none: sent as a simple query, which may hold several statements). */
 export interface Statement {
@@ -118,9 +119,17 @@ export class Gate {
   close(): void {
     this.#over = true;
   }
-  /** Throws WorkTransactionOverError once closed. */
-  check(_text?: unknown): void {
+  /**
+   * Throws WorkTransactionOverError once closed, and TransactionControlError
+   * for a text that would end the transaction: with the fence written before
+   * the handler runs, a handler's `rollback; begin` would leave its work to
+   * commit in a transaction of its own, without the fence, and a transaction
+   * status of 'T' would still read as the work transaction's.
+   */
+  check(text?: unknown): void {
     if (this.#over) throw new WorkTransactionOverError();
+    const control = typeof text === "string" ? transactionControlIn(text) : undefined;
+    if (control !== undefined) throw new TransactionControlError(control);
   }
 }
 

@@ -313,7 +313,7 @@ describe.each(matrix)("on %s", (c) => {
       expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
     });
 
-    test("a handler that ends the transaction itself (COMMIT through tx) is not a success; the redelivery is a duplicate", async () => {
+    test("a handler that tries to end the transaction itself (COMMIT through tx) is refused before it is sent: a retry, nothing committed", async () => {
       const definition = consumer(async (data, { tx, envelope }) => {
         await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
         await tx.execute(sql`commit`);
@@ -321,10 +321,30 @@ describe.each(matrix)("on %s", (c) => {
       const bound = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
       const e = job(13);
       const first = await bound.deliver({ body: body(e), deliveryCount: 1 });
-      expect(first.outcome).not.toBe("success");
-      expect(await bound.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "duplicate" });
-      expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+      expect(first).toMatchObject({ outcome: "retry", error: expect.stringMatching(/COMMIT refused/) });
+      expect(await bound.deliver({ body: body(e), deliveryCount: 2 })).toMatchObject({ outcome: "retry" });
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
     });
+
+    test.each([
+      ["two statements", ["rollback", "begin"]],
+      ["one text", ["rollback; begin"]],
+      ["ROLLBACK AND CHAIN", ["rollback and chain"]],
+    ])(
+      "a handler that rolls the fence back and opens a transaction of its own (%s) is refused: never a success, never an effect without its fence",
+      async (_name, statements) => {
+        const definition = consumer(async (data, { tx, envelope }) => {
+          for (const text of statements) await tx.execute(sql.raw(text));
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        });
+        const bound = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
+        const e = job(15);
+        const first = await bound.deliver({ body: body(e), deliveryCount: 1 });
+        expect(first).toMatchObject({ outcome: "retry", error: expect.stringMatching(/ROLLBACK refused/) });
+        expect((await bound.deliver({ body: body(e), deliveryCount: 2 })).outcome).toBe("retry");
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+      },
+    );
   });
 
   if (c.server)

@@ -40,6 +40,21 @@ export class RolledBackAtCommitError extends Error {
   }
 }
 
+/**
+ * A handler sent COMMIT, ROLLBACK or the like through its `tx`: refused
+ * before it is sent (`Gate`). The work transaction holds the job's fence (in
+ * a batch, every job's): ended by the handler, the fence would commit without
+ * the work that follows, or the work without the fence.
+ */
+export class TransactionControlError extends Error {
+  constructor(statement: string) {
+    super(
+      `${statement.toUpperCase()} refused: a handler runs inside the work transaction that holds its job's fence (in a batch, every job's) and may not end it (nested tx.transaction() savepoints are fine)`,
+    );
+    this.name = "TransactionControlError";
+  }
+}
+
 /** Thrown at a handler that sends a query after its run ended (timed out, failed, or finished). */
 export class WorkTransactionOverError extends Error {
   constructor() {

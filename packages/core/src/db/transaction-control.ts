@@ -2,13 +2,14 @@
  * Finds a statement that would end the work transaction (COMMIT, ROLLBACK,
  * END, ABORT, PREPARE TRANSACTION, …) in the text of a handler's query.
  *
- * In a batched work transaction (`batch.ts`) the fences of every job of the
- * batch are written before the first handler runs: a handler that committed
- * through its `tx` would commit the other jobs' fences without their work —
- * jobs marked done that never ran. So the batch's gate refuses such a
- * statement before it is sent. (A single-job transaction needs no such check:
- * a handler that commits there commits its own fence with its own work, and
- * the engine's commit proof makes the delivery a retry that finds it.)
+ * The fence is written before the handler runs, so a handler that ended the
+ * transaction through its `tx` would split the fence from the work: a COMMIT
+ * in a batch commits the other jobs' fences without their work (jobs marked
+ * done that never ran), and `rollback; begin` in a single job leaves its work
+ * to commit in a new transaction, without the fence, while the connection's
+ * status ('T') reads as if the work transaction were still open. So every
+ * handler's gate (`Gate` in driver.ts) refuses such a statement before it is
+ * sent, on every driver.
  *
  * The text is split into statements the way the server would — quoted
  * strings, quoted identifiers, dollar-quoted bodies and comments are skipped —
