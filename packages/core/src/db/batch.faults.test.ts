@@ -2,7 +2,8 @@
  * Batches against the faults a second reader found (#23): a COMMIT hidden
  * from the batch's gate (an identifier the scanner misread, a string read
  * under the other `standard_conforming_strings`), a failure that only COMMIT
- * sees (a statement the last handler did not await), a concurrent run whose
+ * sees (a statement the last handler did not await; or the DELETE of an
+ * earlier failed job's fence), a handler naming the batch's savepoint, a concurrent run whose
  * ROLLBACK waits out the budget behind a slow statement, a COMMIT whose
  * answer comes after the budget, a DO block that commits, and a copy of a
  * job in another worker's batch while this one runs again. Each test failed
@@ -144,6 +145,35 @@ describe.each(matrix)("batch faults on %s", (c) => {
       expect(again.map((r) => r.outcome)).toEqual(["success", "success", "success", "retry"]);
       expect(again[3]).toMatchObject({ spendsAttempt: true });
       expect(await effectsOf(batch)).toMatchObject({ effects: 3, fences: 3 });
+    });
+
+  // The same, with job 1 failing too: its fence row goes before COMMIT, and
+  // that DELETE is the statement that meets the failure. The batch is undone
+  // as at COMMIT, and each job runs alone next time (was: jobs 2 and 3
+  // deferred round after round, job 4 never charged).
+  for (const mode of ["concurrent", "sequential"] as const)
+    test(`[${mode}] a statement the last job did not await fails, and an earlier job failed too: alone next time, the one that sent it is charged and the others commit`, async () => {
+      const definition = consumer(
+        async (data, { tx, envelope }) => {
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          if (data.n === 1) throw new Error("job 1 failed");
+          if (data.n === 4) {
+            void tx.execute(sql`select pg_sleep(0.2), 1 / floor(random())::int`).catch(() => {});
+            await sleep(20); // sent, not answered
+          }
+        },
+        { batch: { ...BATCH, concurrent: mode === "concurrent" } },
+      );
+      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+      const batch = jobs(4);
+      const first = await together(bound, batch);
+      expect(first[0]).toMatchObject({ outcome: "retry", spendsAttempt: true });
+      expect(first.slice(1).map(outcomeAndAttempt)).toEqual(Array(3).fill(["deferred", false]));
+      expect(await effectsOf(batch)).toMatchObject({ effects: 0, fences: 0 });
+      const again = await together(bound, batch, 2);
+      expect(again.map((r) => r.outcome)).toEqual(["retry", "success", "success", "retry"]);
+      expect(again[3]).toMatchObject({ spendsAttempt: true });
+      expect(await effectsOf(batch)).toMatchObject({ effects: 2, fences: 2 });
     });
 
   // ---------------------------------------------------------- budget + suspects

@@ -324,7 +324,14 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     // that ran spend no attempt).
     if (deadline.spent) throw new BatchAbortedError(new HandlerTimeoutError(timeoutMs));
     if (committers.length === 0) return; // nothing to commit: rolled back by finish()
-    if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
+    if (unfence.length > 0) {
+      await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end).catch((error: unknown) => {
+        // As at COMMIT below: a statement a handler did not await failed
+        // after its status was read, and whose it was is not known.
+        if (!destroyed(end)) isolate(run, jobs);
+        throw new BatchAbortedError(error);
+      });
+    }
     try {
       await commitWork(conn, deadline, timeoutMs, xid, end);
     } catch (error) {
