@@ -327,6 +327,37 @@ describe.each(matrix)("on %s", (c) => {
     });
 
     test.each([
+      ["off", ["local", "local"]],
+      ["remote_apply", ["remote_apply", "remote_apply"]],
+    ])(
+      "a session whose synchronous_commit is %s: every work transaction and dead-letter decision commits only once its WAL is flushed (off becomes local; a stricter one stays)",
+      async (session, expected) => {
+        const db = c.db(1, { synchronous_commit: session });
+        const seen: string[] = [];
+        const definition = consumer(async (data, { tx, envelope }) => {
+          const [row] = rowsOf<{ mode: string }>(
+            await tx.execute(sql`select current_setting('synchronous_commit') as mode`),
+          );
+          seen.push(String(row?.mode));
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        });
+        const bound = bindConsumer(definition, { db, logger: silentLogger });
+        // The first run reads the session's settings; the later ones use what it learned.
+        for (const e of [job(17), job(18)]) {
+          expect((await bound.deliver({ body: body(e), deliveryCount: 1 })).outcome).toBe("success");
+        }
+        expect(seen).toEqual(expected);
+        const decided = await decideDeadLetter(db, { jobId: job(19).job_id, consumer: definition.name }, async (tx) => {
+          const [row] = rowsOf<{ mode: string }>(
+            await tx.execute(sql`select current_setting('synchronous_commit') as mode`),
+          );
+          return String(row?.mode);
+        });
+        expect(decided).toEqual({ status: "written", value: expected[0] });
+      },
+    );
+
+    test.each([
       ["two statements", ["rollback", "begin"]],
       ["one text", ["rollback; begin"]],
       ["ROLLBACK AND CHAIN", ["rollback and chain"]],
