@@ -320,3 +320,98 @@ describe.each(matrix)("batch faults, other sessions, on %s", (c) => {
     failK = false;
   });
 });
+
+// ------------------------------------------------------------- shared budget
+// A batch shares one budget of timeoutMs. A job that runs out of it after
+// other jobs spent part of it (earlier in the batch), or behind a statement
+// an earlier handler left running, may be late through no fault of its own:
+// it spends no attempt, and every job of the batch runs alone next time,
+// with a budget of its own, where a job that is slow itself is charged.
+// Before: the job running when the budget went was charged, round after
+// round (a batch whose jobs together outlast the budget never committed, and
+// dead-lettered an innocent job); on node-postgres nobody was charged and
+// nothing ever committed.
+const budgetMatrix = useDriverMatrix("batch-budget", {
+  drivers: ["postgres.js", "node-postgres", "PGlite"],
+  isolations: ["read committed"],
+});
+const budgetConsumer = testConsumers("batch_budget");
+const RETRY = { maxAttempts: 3, baseDelayMs: 1, maxDelayMs: 10 } as const;
+
+/** Delivers `batch` round after round (delivery count = round) until every job is done or `rounds` are spent. */
+async function untilDone(bound: ReturnType<typeof bindConsumer>, batch: readonly Envelope[], rounds: number) {
+  const seen: { job: number; outcome: string; spendsAttempt: unknown }[] = [];
+  let left = [...batch];
+  for (let round = 1; round <= rounds && left.length > 0; round++) {
+    const results = await together(bound, left, round);
+    const next: Envelope[] = [];
+    results.forEach((r, i) => {
+      const e = left[i] as Envelope;
+      seen.push({
+        job: (e.data as { n: number }).n,
+        outcome: r.outcome,
+        spendsAttempt: (r as { spendsAttempt?: unknown }).spendsAttempt,
+      });
+      if (r.outcome !== "success" && r.outcome !== "dead_lettered") next.push(e);
+    });
+    left = next;
+  }
+  return seen;
+}
+
+describe.each(budgetMatrix)("a batch's shared budget on %s", (c) => {
+  test("[sequential] jobs that each fit the budget but together outlast it: no attempt spent, each commits alone next time", async () => {
+    const definition = budgetConsumer(
+      async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        await sleep(300);
+      },
+      { batch: { ...BATCH, concurrent: false }, timeoutMs: 1_000, retry: RETRY },
+    );
+    const bound = bindConsumer(definition, { db: c.db(4), logger: silentLogger });
+    const batch = jobs(4);
+    const seen = await untilDone(bound, batch, 4);
+    // The batch: every job deferred, none charged (was: the one running when the budget went).
+    expect(seen.slice(0, 4).map((s) => [s.outcome, s.spendsAttempt])).toEqual(Array(4).fill(["deferred", false]));
+    // Alone, each within its own budget. (PGlite's one session runs the jobs
+    // alone one after another, and the wait for it counts in the budget: a
+    // job may be charged there once, as four single jobs would be.)
+    if (c.server) expect(seen.filter((s) => s.spendsAttempt === true)).toEqual([]);
+    expect(
+      seen
+        .filter((s) => s.outcome === "success")
+        .map((s) => s.job)
+        .sort(),
+    ).toEqual([1, 2, 3, 4]);
+    const [row] = await c.rows<{ n: number }>(
+      "select count(*)::int as n from test_effects where job_id = any($1::uuid[])",
+      [batch.map((e) => e.job_id)],
+    );
+    expect(row?.n).toBe(4);
+  });
+
+  if (c.server)
+    test("[sequential] a statement one handler left running outlasts the budget: only that job is ever charged, the others commit", async () => {
+      const definition = budgetConsumer(
+        async (data, { tx, envelope }) => {
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          if (data.n === 2) {
+            void tx.execute(sql`select pg_sleep(1.5)`).catch(() => {});
+            await sleep(20); // sent, not answered
+          }
+        },
+        { batch: { ...BATCH, concurrent: false }, timeoutMs: 1_000, retry: RETRY },
+      );
+      const bound = bindConsumer(definition, { db: c.db(4), logger: silentLogger });
+      const batch = jobs(4);
+      const seen = await untilDone(bound, batch, 3);
+      expect(seen.filter((s) => s.spendsAttempt === true && s.job !== 2)).toEqual([]);
+      expect(
+        seen
+          .filter((s) => s.outcome === "success")
+          .map((s) => s.job)
+          .sort(),
+      ).toEqual([1, 3, 4]);
+      expect(seen.some((s) => s.job === 2 && s.spendsAttempt === true)).toBe(true);
+    });
+});

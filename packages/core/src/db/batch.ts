@@ -256,6 +256,8 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     }
     const { xid, unfence, toRun } = opened;
 
+    // Whether an earlier job of this pass ran its handler (and spent some of the budget).
+    let ranBefore = false;
     for (const i of toRun) {
       const job = jobs[i] as Job;
       if (deadline.spent) {
@@ -277,12 +279,20 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
       } catch (error) {
         failure = { error };
       }
+      const sharedBudget = rerun || ranBefore;
+      ranBefore = true;
       if (destroyed(end)) {
         // Past the budget: the connection is gone, and every job's work with
-        // it. After a concurrent run the budget was partly spent by others:
-        // the job spends no attempt, and its next batch runs it with all of it.
-        if (rerun && failure?.error instanceof HandlerTimeoutError) {
-          run.suspects.add(job.id);
+        // it. When other jobs spent part of the budget first (earlier in this
+        // pass, or in a concurrent run before it), this one may be late
+        // through no fault of its own, or through a statement an earlier
+        // handler left running: it spends no attempt, and every job of the
+        // batch runs alone next time, with a budget of its own, where a job
+        // that is slow itself is the one charged (was: this job charged, so
+        // a batch whose jobs together outlast the budget never committed,
+        // and dead-lettered an innocent job).
+        if (sharedBudget && failure?.error instanceof HandlerTimeoutError) {
+          isolate(run, jobs);
           settled[i] = { ok: false, error: new BatchAbortedError(failure.error) };
         } else {
           settled[i] = { ok: false, error: failure?.error };
@@ -297,7 +307,7 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         throw new BatchAbortedError(error);
       });
       if (failure === undefined) {
-        const health = await cleanAfter(run, end);
+        const health = await cleanAfter(run, jobs, end);
         if (health.clean) {
           committers.push(i);
           continue;
@@ -589,6 +599,7 @@ export class BatchSavepointError extends Error {
  */
 async function cleanAfter(
   run: Run,
+  jobs: readonly Job[],
   end: RunEnd,
 ): Promise<{ readonly clean: true } | { readonly clean: false; readonly error: unknown }> {
   const { conn } = run;
@@ -602,7 +613,12 @@ async function cleanAfter(
     await within(run, conn.query({ text: RELEASE }), end);
     return { clean: true };
   } catch (error) {
-    if (destroyed(end)) throw new BatchAbortedError(error);
+    if (destroyed(end)) {
+      // The budget went while RELEASE waited, behind a statement the handler
+      // left running: each job runs alone next time, where that one is charged.
+      isolate(run, jobs);
+      throw new BatchAbortedError(error);
+    }
     return { clean: false, error };
   }
 }
