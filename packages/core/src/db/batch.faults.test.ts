@@ -125,18 +125,23 @@ describe.each(matrix)("batch faults on %s", (c) => {
   // the failure (it answers ROLLBACK). Which job sent it is not known there:
   // no job is charged, every job is deferred and runs alone next time, where
   // the one that sent it is charged and the others commit.
+  /** Job 4 sends a statement that fails after it returned, unawaited; with `firstFails`, job 1 throws too. */
+  const lastLeavesAFailure = (mode: "concurrent" | "sequential", firstFails: boolean) =>
+    consumer(
+      async (data, { tx, envelope }) => {
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        if (firstFails && data.n === 1) throw new Error("job 1 failed");
+        if (data.n === 4) {
+          void tx.execute(sql`select pg_sleep(0.2), 1 / floor(random())::int`).catch(() => {});
+          await sleep(20); // sent, not answered
+        }
+      },
+      { batch: { ...BATCH, concurrent: mode === "concurrent" } },
+    );
+
   for (const mode of ["concurrent", "sequential"] as const)
     test(`[${mode}] the last job's statement it did not await fails after it returned: no other job is charged for it; alone, the one that sent it is`, async () => {
-      const definition = consumer(
-        async (data, { tx, envelope }) => {
-          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-          if (data.n === 4) {
-            void tx.execute(sql`select pg_sleep(0.2), 1 / floor(random())::int`).catch(() => {});
-            await sleep(20); // sent, not answered
-          }
-        },
-        { batch: { ...BATCH, concurrent: mode === "concurrent" } },
-      );
+      const definition = lastLeavesAFailure(mode, false);
       const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
       const batch = jobs(4);
       expect((await together(bound, batch)).map(outcomeAndAttempt)).toEqual(Array(4).fill(["deferred", false]));
@@ -153,17 +158,7 @@ describe.each(matrix)("batch faults on %s", (c) => {
   // deferred round after round, job 4 never charged).
   for (const mode of ["concurrent", "sequential"] as const)
     test(`[${mode}] a statement the last job did not await fails, and an earlier job failed too: alone next time, the one that sent it is charged and the others commit`, async () => {
-      const definition = consumer(
-        async (data, { tx, envelope }) => {
-          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-          if (data.n === 1) throw new Error("job 1 failed");
-          if (data.n === 4) {
-            void tx.execute(sql`select pg_sleep(0.2), 1 / floor(random())::int`).catch(() => {});
-            await sleep(20); // sent, not answered
-          }
-        },
-        { batch: { ...BATCH, concurrent: mode === "concurrent" } },
-      );
+      const definition = lastLeavesAFailure(mode, true);
       const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
       const batch = jobs(4);
       const first = await together(bound, batch);
