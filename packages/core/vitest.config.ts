@@ -24,6 +24,7 @@ const FAULT_FILES = [
   "src/lanes/upstash.test.ts", // another process fills and drains the backlog
   "test/connection-faults.test.ts", // a cluster of its own, restarted under a worker process
   "test/database-down.test.ts", // a cluster of its own, stopped while a letter is due
+  "test/server-crash.test.ts", // a cluster of its own, crashed right after the acknowledgements
   "test/processes.test.ts",
   "test/pooler.test.ts", // a PgBouncer of its own
   "test/package-install.test.ts", // packs the package and npm-installs it into a scratch project

@@ -7,6 +7,7 @@
 import { sql } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
 import { jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
+import { recordCommitModes } from "../../test/commit-modes.ts";
 import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
 import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
@@ -81,6 +82,22 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
     expect(await stateOf(c, batch)).toEqual({ effects: 8, fences: 8, letters: 0, transactions: 1 });
     expect((await together(bound, batch, 2)).map((r) => r.outcome)).toEqual(Array(8).fill("duplicate"));
     expect(runs).toHaveLength(8);
+  });
+
+  test("a handler that sets synchronous_commit off for its transaction does not make the batch's COMMIT skip the WAL flush: every effect commits with the session's own (on)", async () => {
+    const { definition } = batched(async (n, tx) => {
+      if (n === 3) await tx.execute(sql`set local synchronous_commit = off`);
+    });
+    const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+    const recorder = await recordCommitModes(c);
+    try {
+      const batch = jobs(4);
+      expect((await together(bound, batch)).map((r) => r.outcome)).toEqual(Array(4).fill("success"));
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 4, transactions: 1 });
+      expect(await recorder.modes()).toEqual(Array(4).fill(["test_effects", "on"]));
+    } finally {
+      await recorder.drop();
+    }
   });
 
   test("a copy of a job in the same burst never shares its batch: one success, one duplicate, one effect", async () => {

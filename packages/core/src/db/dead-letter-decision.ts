@@ -7,7 +7,7 @@
 import { sql } from "drizzle-orm";
 import { withinMs } from "../timers.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./types.ts";
-import { DEFAULT_TIMEOUT_MS, DURABLE_COMMIT_SQL, serverTimeoutMs, WORK_ISOLATION_LEVEL } from "./work-transaction.ts";
+import { DEFAULT_TIMEOUT_MS, serverTimeoutMs, WORK_ISOLATION_LEVEL } from "./work-transaction.ts";
 
 /**
  * The dead-letter decision for a job that may have a fence, serialised with
@@ -44,7 +44,7 @@ export async function decideDeadLetter<T>(
     if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
     await tx.execute(sql`select set_config('statement_timeout', (case when s > 0 and s < ${ms} then ceil(s) else ${ms} end)::bigint || 'ms', true),
   set_config('idle_in_transaction_session_timeout', (case when i > 0 and i < ${ms} then ceil(i) else ${ms} end)::bigint || 'ms', true),
-  ${sql.raw(DURABLE_COMMIT_SQL)}, core.pending_letter_keys_kept()
+  core.pending_letter_keys_kept()
   from (select extract(epoch from current_setting('statement_timeout')::interval) * 1000 as s,
     extract(epoch from current_setting('idle_in_transaction_session_timeout')::interval) * 1000 as i) as session_ms`);
     const probe = rowsOf(

@@ -8,6 +8,7 @@
  */
 import { sql } from "drizzle-orm";
 import { afterEach, describe, expect, test } from "vitest";
+import { recordCommitModes } from "../../test/commit-modes.ts";
 import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
 import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
@@ -327,73 +328,47 @@ describe.each(matrix)("on %s", (c) => {
     });
 
     test.each([
-      ["off", ["local", "local"]],
-      ["remote_apply", ["remote_apply", "remote_apply"]],
+      ["off", ""],
+      ["on", "set local synchronous_commit = off"],
+      ["remote_apply", ""],
+      ["remote_apply", "select set_config('synchronous_commit', 'off', true)"],
     ])(
-      "a session whose synchronous_commit is %s: every work transaction and dead-letter decision commits only once its WAL is flushed (off becomes local; a stricter one stays)",
-      async (session, expected) => {
+      "a session whose synchronous_commit is %s, a handler that runs %j: every COMMIT that carries a fence or a dead letter waits for its WAL flush (off becomes the session's own setting, or local; a stricter one stays)",
+      async (session, handlerSql) => {
+        // What COMMIT finds `off` it sets back to the session's value before any
+        // SET (local if that is off too). The server drivers set the session's
+        // value at connection; PGlite's case applies it with a plain SET, so its
+        // own (on) is what comes back.
+        const restored = c.server ? (session === "off" ? "local" : session) : "on";
+        const expected = handlerSql || session === "off" ? restored : session;
+        const letters = session === "off" ? restored : session;
         const db = c.db(1, { synchronous_commit: session });
-        const seen: string[] = [];
         const definition = consumer(async (data, { tx, envelope }) => {
-          const [row] = rowsOf<{ mode: string }>(
-            await tx.execute(sql`select current_setting('synchronous_commit') as mode`),
-          );
-          seen.push(String(row?.mode));
+          if (handlerSql) await tx.execute(sql.raw(handlerSql));
           await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          if (data.n === 20) throw new PermanentError("rejected");
         });
         const bound = bindConsumer(definition, { db, logger: silentLogger });
-        // The first run reads the session's settings; the later ones use what it learned.
-        for (const e of [job(17), job(18)]) {
-          expect((await bound.deliver({ body: body(e), deliveryCount: 1 })).outcome).toBe("success");
+        const recorder = await recordCommitModes(c);
+        try {
+          // The first run reads the session's bounds; the second uses what it learned.
+          for (const e of [job(17), job(18)]) {
+            expect((await bound.deliver({ body: body(e), deliveryCount: 1 })).outcome).toBe("success");
+          }
+          // A dead letter decided under the fence key, and a poison letter written on the pool.
+          expect((await bound.deliver({ body: body(job(20)), deliveryCount: 1 })).outcome).toBe("dead_lettered");
+          expect((await bound.deliver({ body: "not json", deliveryCount: 1 })).outcome).toBe("poison");
+          expect(await recorder.modes()).toEqual([
+            ["test_effects", expected],
+            ["test_effects", expected],
+            ["dead_letters", letters],
+            ["dead_letters", letters],
+          ]);
+        } finally {
+          await recorder.drop();
         }
-        expect(seen).toEqual(expected);
-        const decided = await decideDeadLetter(db, { jobId: job(19).job_id, consumer: definition.name }, async (tx) => {
-          const [row] = rowsOf<{ mode: string }>(
-            await tx.execute(sql`select current_setting('synchronous_commit') as mode`),
-          );
-          return String(row?.mode);
-        });
-        expect(decided).toEqual({ status: "written", value: expected[0] });
       },
     );
-
-    test("a session whose session_replication_role is replica (core.dead_letters' triggers do not fire there): no work transaction runs and no dead letter is written — deferred, no attempt spent, never run beside a pending letter", async () => {
-      let reject = true;
-      let runs = 0;
-      const definition = consumer(async (data, { tx, envelope }) => {
-        runs += 1;
-        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
-        if (reject) throw new PermanentError("rejected");
-      });
-      const e = job(20);
-      // The letter is written where the triggers fire: it has its key.
-      const normal = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
-      expect((await normal.deliver({ body: body(e), deliveryCount: 1 })).outcome).toBe("dead_lettered");
-      reject = false;
-      const replica = bindConsumer(definition, {
-        db: c.db(1, { session_replication_role: "replica" }),
-        logger: silentLogger,
-      });
-      const copy = await replica.deliver({ body: body(e), deliveryCount: 1 });
-      expect(copy).toMatchObject({
-        outcome: "deferred",
-        error: expect.stringMatching(/session_replication_role is replica/),
-      });
-      const fresh = await replica.deliver({ body: body(job(21)), deliveryCount: 1 });
-      expect(fresh).toMatchObject({ outcome: "deferred", spendsAttempt: false });
-      expect(runs).toBe(1);
-      expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
-      // A decision there is refused too (Drizzle wraps the server's error as its cause).
-      const refused = await decideDeadLetter(
-        c.db(1, { session_replication_role: "replica" }),
-        { jobId: job(22).job_id, consumer: definition.name },
-        async () => "written",
-      ).then(
-        () => undefined,
-        (error: unknown) => error as Error & { cause?: Error },
-      );
-      expect(String(refused?.cause?.message ?? refused?.message)).toMatch(/session_replication_role is replica/);
-    });
 
     test.each([
       ["two statements", ["rollback", "begin"]],

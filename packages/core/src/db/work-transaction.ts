@@ -176,8 +176,8 @@ const OPEN_XID_SQL = "select pg_current_xact_id_if_assigned()::text as xid";
  * statement of its own per job cost about a tenth of the harness's rate).
  */
 export class Openings {
-  /** The session's own bounds in ms (0: none), and whether it commits without waiting for the WAL flush, once a run has read them. */
-  #session: { readonly statement: number; readonly idle: number; readonly asyncCommit: boolean } | undefined;
+  /** The session's own bounds in ms (0: none), once a run has read them. */
+  #session: { readonly statement: number; readonly idle: number } | undefined;
   #last: { readonly timeoutMs: number; readonly opening: Opening } | undefined;
 
   /** The opening for a run with this `timeoutMs`, or undefined while the session's bounds are unknown. */
@@ -186,8 +186,7 @@ export class Openings {
     if (session === undefined) return undefined;
     if (this.#last?.timeoutMs !== timeoutMs) {
       const ms = serverTimeoutMs(timeoutMs);
-      const durable = session.asyncCommit ? `; ${DURABLE_COMMIT}` : "";
-      const bounds = `set local statement_timeout = '${tighter(ms, session.statement)}ms'; set local idle_in_transaction_session_timeout = '${tighter(ms, session.idle)}ms'${durable}`;
+      const bounds = `set local statement_timeout = '${tighter(ms, session.statement)}ms'; set local idle_in_transaction_session_timeout = '${tighter(ms, session.idle)}ms'`;
       this.#last = {
         timeoutMs,
         opening: { begin: `${BEGIN}; ${bounds}`, inTransaction: `${SET_ISOLATION}; ${bounds}` },
@@ -201,8 +200,7 @@ export class Openings {
     const row = answer?.[0];
     const statement = Number(row?.["session_statement_ms"]);
     const idle = Number(row?.["session_idle_ms"]);
-    const asyncCommit = row?.["session_synchronous_commit"] === "off";
-    if (Number.isFinite(statement) && Number.isFinite(idle)) this.#session = { statement, idle, asyncCommit };
+    if (Number.isFinite(statement) && Number.isFinite(idle)) this.#session = { statement, idle };
   }
 }
 
@@ -215,26 +213,12 @@ function tighter(ms: number, sessionMs: number): number {
   return sessionMs > 0 && sessionMs < ms ? Math.ceil(sessionMs) : ms;
 }
 
-/**
- * A transaction's COMMIT answers only once its WAL is flushed, whatever the
- * database or role says: with `synchronous_commit = off` a COMMIT answers
- * first, and a server crash right after loses a transaction the harness has
- * acknowledged (a fence and its work, or a dead letter): a job gone without
- * a trace. `local` is the least that survives a crash of this server; a
- * session already at `local` or stricter (`on`, `remote_write`,
- * `remote_apply`) keeps its own.
- */
-export const DURABLE_COMMIT_SQL = `set_config('synchronous_commit',
-  case current_setting('synchronous_commit') when 'off' then 'local' else current_setting('synchronous_commit') end, true)`;
-const DURABLE_COMMIT = "set local synchronous_commit = local";
-
 /** The first run's bounds, set on the server from the session's own (see Openings), which it also returns. */
 const BOUNDS_SQL = `select set_config('statement_timeout', (case when s > 0 and s < $1 then ceil(s) else $1 end)::bigint || 'ms', true),
   set_config('idle_in_transaction_session_timeout', (case when i > 0 and i < $1 then ceil(i) else $1 end)::bigint || 'ms', true),
-  s as session_statement_ms, i as session_idle_ms, c as session_synchronous_commit, ${DURABLE_COMMIT_SQL}
+  s as session_statement_ms, i as session_idle_ms
   from (select extract(epoch from current_setting('statement_timeout')::interval) * 1000 as s,
-    extract(epoch from current_setting('idle_in_transaction_session_timeout')::interval) * 1000 as i,
-    current_setting('synchronous_commit') as c) as session_ms`;
+    extract(epoch from current_setting('idle_in_transaction_session_timeout')::interval) * 1000 as i) as session_ms`;
 
 /**
  * The server-side bound of a run with this `timeoutMs`, in ms: a second
