@@ -10,8 +10,8 @@
  * `<name>Driver(db)` that returns a Driver for a Drizzle database of that
  * driver, or undefined for any other.
  */
-import { TransactionControlError, WorkTransactionOverError } from "./errors.ts";
-import { transactionControlIn } from "./transaction-control.ts";
+import { SessionSettingError, TransactionControlError, WorkTransactionOverError } from "./errors.ts";
+import { sessionSettingIn, transactionControlIn } from "./transaction-control.ts";
 
 /** A statement: text, and its parameters (none: sent as a simple query, which may hold several statements). */
 export interface Statement {
@@ -120,16 +120,21 @@ export class Gate {
     this.#over = true;
   }
   /**
-   * Throws WorkTransactionOverError once closed, and TransactionControlError
-   * for a text that would end the transaction: with the fence written before
+   * Throws WorkTransactionOverError once closed, TransactionControlError
+   * for a text that would end the transaction (with the fence written before
    * the handler runs, a handler's `rollback; begin` would leave its work to
    * commit in a transaction of its own, without the fence, and a transaction
-   * status of 'T' would still read as the work transaction's.
+   * status of 'T' would still read as the work transaction's), and
+   * SessionSettingError for one whose setting would outlive it on the
+   * pooled connection.
    */
   check(text?: unknown): void {
     if (this.#over) throw new WorkTransactionOverError();
-    const control = typeof text === "string" ? transactionControlIn(text) : undefined;
+    if (typeof text !== "string") return;
+    const control = transactionControlIn(text);
     if (control !== undefined) throw new TransactionControlError(control);
+    const setting = sessionSettingIn(text);
+    if (setting !== undefined) throw new SessionSettingError(setting);
   }
 }
 

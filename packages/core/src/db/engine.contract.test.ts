@@ -389,6 +389,69 @@ describe.each(matrix)("on %s", (c) => {
         expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
       },
     );
+
+    test.each([
+      ["SET", "set application_name = 'leaked'", "SET"],
+      ["SET SESSION", "set session application_name to 'leaked'", "SET SESSION"],
+      [
+        "SET SESSION CHARACTERISTICS",
+        "set session characteristics as transaction read only",
+        "SET SESSION CHARACTERISTICS",
+      ],
+      ["RESET", "reset application_name", "RESET"],
+      ["a SET after a comment and another statement", "/* x; */ select 1; set application_name = 'leaked'", "SET"],
+    ])(
+      "a handler's %s, whose setting would outlive the work transaction on the pooled connection, is refused before it is sent: a retry, nothing committed, the session unchanged",
+      async (_name, text, refused) => {
+        const db = c.db(1);
+        const definition = consumer(async (data, { tx, envelope }) => {
+          await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+          await tx.execute(sql.raw(text));
+        });
+        const bound = bindConsumer(definition, { db, logger: silentLogger });
+        const [before] = rowsOf<{ name: string; ro: string }>(
+          await db.execute(
+            sql`select current_setting('application_name') as name, current_setting('default_transaction_read_only') as ro`,
+          ),
+        );
+        const e = job(21);
+        expect(await bound.deliver({ body: body(e), deliveryCount: 1 })).toMatchObject({
+          outcome: "retry",
+          error: expect.stringContaining(`${refused} refused`),
+        });
+        expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 0 });
+        const [after] = rowsOf<{ name: string; ro: string }>(
+          await db.execute(
+            sql`select current_setting('application_name') as name, current_setting('default_transaction_read_only') as ro`,
+          ),
+        );
+        expect(after).toEqual(before);
+      },
+    );
+
+    test("SET LOCAL, SET TRANSACTION and SET CONSTRAINTS are a handler's to use: they end with its transaction", async () => {
+      const db = c.db(1);
+      const seen: string[] = [];
+      const definition = consumer(async (data, { tx, envelope }) => {
+        await tx.execute(sql`set local application_name = 'mine'`);
+        await tx.execute(sql`set constraints all deferred`);
+        await tx.execute(sql`set transaction read write`);
+        const [row] = rowsOf<{ name: string }>(
+          await tx.execute(sql`select current_setting('application_name') as name`),
+        );
+        seen.push(String(row?.name));
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+      });
+      const bound = bindConsumer(definition, { db, logger: silentLogger });
+      const e = job(22);
+      expect((await bound.deliver({ body: body(e), deliveryCount: 1 })).outcome).toBe("success");
+      expect(seen).toEqual(["mine"]);
+      const [after] = rowsOf<{ name: string }>(
+        await db.execute(sql`select current_setting('application_name') as name`),
+      );
+      expect(after?.name).not.toBe("mine");
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 1, fences: 1, letters: 0 });
+    });
   });
 
   if (c.server)

@@ -55,6 +55,16 @@ export class TransactionControlError extends Error {
   }
 }
 
+/** Thrown at a handler that sends a statement whose setting would outlive its work transaction (a plain `SET`, `RESET`). */
+export class SessionSettingError extends Error {
+  constructor(statement: string) {
+    super(
+      `${statement.toUpperCase()} refused: a setting made for the session outlives the work transaction on the pooled connection, into later jobs of any consumer; set it for the transaction with SET LOCAL (or set_config(name, value, true))`,
+    );
+    this.name = "SessionSettingError";
+  }
+}
+
 /** Thrown at a handler that sends a query after its run ended (timed out, failed, or finished). */
 export class WorkTransactionOverError extends Error {
   constructor() {

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "vitest";
-import { savepointIn, transactionControlIn } from "./transaction-control.ts";
+import { savepointIn, sessionSettingIn, transactionControlIn } from "./transaction-control.ts";
 
 describe("transactionControlIn: what a batched handler may not send", () => {
   test.each([
@@ -82,6 +82,41 @@ describe("savepointIn: what a concurrent batch's handler may not send", () => {
     "commit",
   ])("%j is none", (text) => {
     expect(savepointIn(text)).toBeUndefined();
+  });
+});
+
+describe("sessionSettingIn: what would outlive the work transaction on the pooled connection", () => {
+  test.each([
+    ["set search_path = app", "set"],
+    ["SET statement_timeout TO 0", "set"],
+    ["set role admin", "set"],
+    ["set time zone 'UTC'", "set"],
+    ['set "application_name" = x', "set"],
+    ["set session authorization admin", "set session"],
+    ["SET SESSION synchronous_commit = off", "set session"],
+    ["set session characteristics as transaction isolation level serializable", "set session characteristics"],
+    ["reset all", "reset"],
+    ["RESET search_path", "reset"],
+    ["select 1; set search_path = app", "set"],
+    ["/* set local */ set x.y = 1", "set"],
+  ])("%j does (%s)", (text, expected) => {
+    expect(sessionSettingIn(text)).toBe(expected);
+  });
+
+  test.each([
+    "set local search_path = app",
+    "SET LOCAL statement_timeout = 0",
+    "set transaction isolation level serializable",
+    "set constraints all deferred",
+    "update t set x = 1",
+    "insert into t values (1) on conflict (id) do update set x = 1",
+    "with u as (update t set x = 1 returning 1) select 1",
+    "select set_config('search_path', 'app', true)",
+    "select 'set x = 1'",
+    "select $$ reset all $$",
+    "-- set x = 1\nselect 1",
+  ])("%j does not", (text) => {
+    expect(sessionSettingIn(text)).toBeUndefined();
   });
 });
 

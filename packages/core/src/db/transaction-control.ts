@@ -41,6 +41,28 @@ export function transactionControlIn(text: string): string | undefined {
 }
 
 /**
+ * Finds a statement that would change a setting for the rest of the session
+ * (a plain or SESSION `SET`, `SET SESSION CHARACTERISTICS`, `RESET`) in the
+ * text of a handler's query. The work transaction's connection goes back to
+ * the pool: such a setting would outlive the job and run every later job
+ * there, any consumer's, and the module's own queries, under it (a role, a
+ * search_path, `default_transaction_read_only`, …). `SET LOCAL`, `SET
+ * TRANSACTION` and `SET CONSTRAINTS` end with the transaction, and are
+ * allowed. (`set_config(name, value, false)` and a function that sets
+ * something are not statements this can see.)
+ */
+export function sessionSettingIn(text: string): string | undefined {
+  for (const [first, second, third] of headsOf(text)) {
+    if (first === "reset") return "reset";
+    if (first !== "set") continue;
+    if (second === "local" || second === "transaction" || second === "constraints") continue;
+    if (second === "session") return third === "characteristics" ? "set session characteristics" : "set session";
+    return "set";
+  }
+  return undefined;
+}
+
+/**
  * Finds a savepoint statement (SAVEPOINT, RELEASE, ROLLBACK TO) in the text
  * of a handler's query. The handlers of a concurrent batch share one
  * transaction at the same time, and savepoints are a stack of the
