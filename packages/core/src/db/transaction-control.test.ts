@@ -108,6 +108,8 @@ describe("sessionSettingIn: what would outlive the work transaction on the poole
     "SET LOCAL statement_timeout = 0",
     "set transaction isolation level serializable",
     "set constraints all deferred",
+    "set transaction_isolation = 'serializable'",
+    "SET transaction_read_only TO on",
     "update t set x = 1",
     "insert into t values (1) on conflict (id) do update set x = 1",
     "with u as (update t set x = 1 returning 1) select 1",

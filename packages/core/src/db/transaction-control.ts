@@ -47,8 +47,8 @@ export function transactionControlIn(text: string): string | undefined {
  * the pool: such a setting would outlive the job and run every later job
  * there, any consumer's, and the module's own queries, under it (a role, a
  * search_path, `default_transaction_read_only`, …). `SET LOCAL`, `SET
- * TRANSACTION` and `SET CONSTRAINTS` end with the transaction, and are
- * allowed. (`set_config(name, value, false)` and a function that sets
+ * TRANSACTION` (or `SET transaction_isolation` and the like) and `SET
+ * CONSTRAINTS` end with the transaction, and are allowed. (`set_config(name, value, false)` and a function that sets
  * something are not statements this can see.)
  */
 export function sessionSettingIn(text: string): string | undefined {
@@ -56,6 +56,8 @@ export function sessionSettingIn(text: string): string | undefined {
     if (first === "reset") return "reset";
     if (first !== "set") continue;
     if (second === "local" || second === "transaction" || second === "constraints") continue;
+    // transaction_isolation, transaction_read_only, transaction_deferrable: SET TRANSACTION by another name.
+    if (second?.startsWith("transaction_")) continue;
     if (second === "session") return third === "characteristics" ? "set session characteristics" : "set session";
     return "set";
   }
