@@ -14,10 +14,20 @@
 -- `remote_write`, `remote_apply`) stays as it is. The trigger on the
 -- partitioned fence is cloned onto every partition, those attached later too.
 -- (Migration 0027's replica check stands: in replica mode no ordinary
--- trigger fires, and the harness runs no work transaction there.)
-CREATE OR REPLACE FUNCTION "core"."commit_durably"()
-RETURNS trigger
+-- trigger fires, and the harness runs no work transaction and writes no
+-- dead letter there.)
+-- The harness also calls core.commit_durably_now() itself right before every
+-- COMMIT of a work transaction (after the handler's last statement): a
+-- handler's `SET CONSTRAINTS ALL IMMEDIATE` fires the trigger early, and a
+-- `SET LOCAL synchronous_commit = off` after it would otherwise hold.
+-- Both run with a fixed search_path: a handler's `SET LOCAL search_path`
+-- cannot put a current_setting() of its own in front of pg_catalog's. (A
+-- function's SET clause scopes only search_path; the synchronous_commit it
+-- sets stays for the transaction.)
+CREATE OR REPLACE FUNCTION "core"."commit_durably_now"()
+RETURNS boolean
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   v_session text;
@@ -27,6 +37,17 @@ BEGIN
     PERFORM set_config('synchronous_commit',
       CASE WHEN v_session IS NULL OR v_session = 'off' THEN 'local' ELSE v_session END, true);
   END IF;
+  RETURN true;
+END
+$$;
+--> statement-breakpoint
+CREATE OR REPLACE FUNCTION "core"."commit_durably"()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  PERFORM core.commit_durably_now();
   RETURN NULL;
 END
 $$;

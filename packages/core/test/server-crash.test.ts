@@ -2,12 +2,13 @@
 // synchronous_commit is off (and whose WAL writer sleeps 10 s), every job
 // acknowledged as done keeps its fence and its effect, and every letter
 // acknowledged keeps its row, whatever the handler set for its own
-// transaction — single jobs, a batch, a dead letter decided under the fence
-// key and a poison letter written on the pool. A COMMIT that answered before
-// its WAL left the server's memory would be lost by `pg_ctl stop -m
-// immediate`; the transport has already deleted the message, so the job
-// would be gone without a trace. Runs on a throwaway cluster, never on the
-// shared server.
+// transaction (SET CONSTRAINTS ALL IMMEDIATE, then synchronous_commit off,
+// then a search_path whose current_setting() says on):
+// single jobs, a batch, a dead letter decided under the fence key and a
+// poison letter written on the pool. A COMMIT that answered before its WAL
+// left the server's memory would be lost by `pg_ctl stop -m immediate`; the
+// transport has already deleted the message, so the job would be gone
+// without a trace. Runs on a throwaway cluster, never on the shared server.
 import { startThrowawayPostgres, type ThrowawayPostgres } from "@softcrum/testing";
 import { sql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
@@ -31,6 +32,9 @@ beforeAll(async () => {
   });
   const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
   await createEffectsTable(admin);
+  // A current_setting() a handler's search_path can put ahead of pg_catalog's.
+  await admin.unsafe(`create schema crash_shadow;
+    create function crash_shadow.current_setting(text) returns text language sql as $$ select 'on'::text $$`);
   await admin.end();
 }, 60_000);
 
@@ -45,8 +49,12 @@ test("a crash right after the acknowledgements loses no acknowledged fence, effe
   const client = postgres(pg.url, { max: 4, onnotice: () => {} });
   const db = drizzle({ client });
   const handle: Parameters<typeof consumer>[0] = async (data, { tx, envelope }) => {
-    // What a handler (or a function it calls) may do to its own transaction.
+    // What a handler (or a function it calls) may do to its own transaction:
+    // fire the deferred triggers now (core's durable one among them), then
+    // turn synchronous_commit off for the rest of it.
+    await tx.execute(sql`set constraints all immediate`);
     await tx.execute(sql`set local synchronous_commit = off`);
+    await tx.execute(sql`set local search_path = crash_shadow, pg_catalog, public`);
     await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
     if (data.n === 99) throw new PermanentError("rejected");
   };

@@ -30,7 +30,13 @@ export interface DeadLetterToWrite {
   readonly kind: string | null;
 }
 
-/** Inserts the letter or counts one more occurrence of the pending one; its id, and whether it is new. */
+/**
+ * Inserts the letter or counts one more occurrence of the pending one; its id,
+ * and whether it is new. Refused as a whole (nothing written) in a session
+ * whose session_replication_role is replica (migration 0027's
+ * core.pending_letter_keys_kept()): there the triggers that keep a letter's
+ * pending-letter key and make its COMMIT durable do not fire.
+ */
 export async function upsertDeadLetter(
   executor: AnyPgDatabase | WorkTransaction,
   letter: DeadLetterToWrite,
@@ -56,7 +62,7 @@ export async function upsertDeadLetter(
     last_error = excluded.last_error
   returning 1
 )
-select id, inserted from letter`);
+select id, inserted, core.pending_letter_keys_kept() as keys_kept from letter`);
   const rows = (Array.isArray(result) ? result : ((result as { rows?: unknown[] }).rows ?? [])) as {
     id: string;
     inserted: boolean;

@@ -370,6 +370,60 @@ describe.each(matrix)("on %s", (c) => {
       },
     );
 
+    test("a session whose session_replication_role is replica (core.dead_letters' triggers do not fire there): no work transaction runs and no dead letter is written — deferred, no attempt spent, never run beside a pending letter", async () => {
+      let reject = true;
+      let runs = 0;
+      const definition = consumer(async (data, { tx, envelope }) => {
+        runs += 1;
+        await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+        if (reject) throw new PermanentError("rejected");
+      });
+      const e = job(20);
+      // The letter is written where the triggers fire: it has its key.
+      const normal = bindConsumer(definition, { db: c.db(1), logger: silentLogger });
+      expect((await normal.deliver({ body: body(e), deliveryCount: 1 })).outcome).toBe("dead_lettered");
+      reject = false;
+      const replica = bindConsumer(definition, {
+        db: c.db(1, { session_replication_role: "replica" }),
+        logger: silentLogger,
+      });
+      const copy = await replica.deliver({ body: body(e), deliveryCount: 1 });
+      expect(copy).toMatchObject({
+        outcome: "deferred",
+        error: expect.stringMatching(/session_replication_role is replica/),
+      });
+      const fresh = await replica.deliver({ body: body(job(21)), deliveryCount: 1 });
+      expect(fresh).toMatchObject({ outcome: "deferred", spendsAttempt: false });
+      expect(runs).toBe(1);
+      expect(await stateOf(c, e.job_id)).toEqual({ effects: 0, fences: 0, letters: 1 });
+      // A decision there is refused too (Drizzle wraps the server's error as its cause).
+      const refused = await decideDeadLetter(
+        c.db(1, { session_replication_role: "replica" }),
+        { jobId: job(22).job_id, consumer: definition.name },
+        async () => "written",
+      ).then(
+        () => undefined,
+        (error: unknown) => error as Error & { cause?: Error },
+      );
+      expect(String(refused?.cause?.message ?? refused?.message)).toMatch(/session_replication_role is replica/);
+      // So is a poison letter, written on the pool without a decision: not acknowledged, nothing written.
+      const poison = JSON.stringify({ ...job(23), data: { n: "not a number" } });
+      expect(await replica.deliver({ body: poison, deliveryCount: 1 })).toMatchObject({
+        outcome: "dead_letter_failed",
+        ack: false,
+        error: expect.stringMatching(/session_replication_role is replica/),
+      });
+      expect(await replica.deliver({ body: "not json", deliveryCount: 1 })).toMatchObject({
+        outcome: "dead_letter_failed",
+        ack: false,
+      });
+      const [letters] = await c.rows<{ n: number }>(
+        "select count(*)::int as n from core.dead_letters where consumer = $1 and error_class = 'poison'",
+        [definition.name],
+      );
+      expect(letters?.n).toBe(0);
+    });
+
     test.each([
       ["two statements", ["rollback", "begin"]],
       ["one text", ["rollback; begin"]],

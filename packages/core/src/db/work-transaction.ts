@@ -156,7 +156,15 @@ const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer, processed_
   returning core.pending_letter($1, $2) as detail`;
 const FENCE_XID_SQL = `insert into core.processed_jobs (job_id, consumer, processed_at) values ($1, $2, clock_timestamp()) on conflict do nothing
   returning core.pending_letter($1, $2) as detail, pg_current_xact_id()::text as xid`;
-const OPEN_XID_SQL = "select pg_current_xact_id_if_assigned()::text as xid";
+/**
+ * Right before COMMIT, after the handler's last statement: the durable commit
+ * (migration 0028's core.commit_durably_now(): synchronous_commit off becomes
+ * the session's own setting, or local). The fence's deferred trigger does the
+ * same inside COMMIT, but a handler's SET CONSTRAINTS … IMMEDIATE fires it
+ * early, and a SET LOCAL synchronous_commit = off after that would hold.
+ */
+const DURABLE_SQL = "select core.commit_durably_now()";
+const OPEN_XID_SQL = "select pg_current_xact_id_if_assigned()::text as xid, core.commit_durably_now()";
 
 /**
  * How a work transaction opens: at the harness's own isolation level,
@@ -541,6 +549,11 @@ export async function commitWork(
   // COMMIT is sent only within the budget: once it is spent the run is
   // over, and a COMMIT sent now would make an outcome nobody waits for.
   if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
+  // Where the status proved the commit, nothing was sent after the handler:
+  // the durable commit goes now, pipelined with COMMIT (its failure aborts
+  // the transaction, and COMMIT answers ROLLBACK).
+  const durable = conn.provesByStatus ? conn.query({ text: DURABLE_SQL }) : undefined;
+  durable?.catch(noop);
   let committed: string | undefined;
   end.commitSent = true;
   try {
@@ -558,7 +571,12 @@ export async function commitWork(
   // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
   // error: a statement failed and the handler caught its error. Nothing
   // was written, so the job must not be acknowledged as done.
-  if (committed !== "COMMIT") throw new RolledBackAtCommitError();
+  if (committed !== "COMMIT") {
+    // The durable commit's own failure (not the aborted transaction's echo, 25P02) is the cause to report.
+    const refused = await durable?.then(noop, (error: unknown) => error);
+    const code = (refused as { code?: unknown } | undefined)?.code;
+    throw refused === undefined || code === "25P02" ? new RolledBackAtCommitError() : refused;
+  }
 }
 
 /**
