@@ -16,9 +16,10 @@
 -- (Migration 0027's replica check stands: in replica mode no ordinary
 -- trigger fires, and the harness runs no work transaction and writes no
 -- dead letter there.)
--- The harness also calls core.commit_durably_now() itself right before every
--- COMMIT of a work transaction (after the handler's last statement): a
--- handler's `SET CONSTRAINTS ALL IMMEDIATE` fires the trigger early, and a
+-- The harness also does what core.commit_durably_now() does itself, right
+-- before every COMMIT of a work transaction (after the handler's last
+-- statement; `DURABLE_COMMIT_SQL` in work-transaction.ts): a handler's
+-- `SET CONSTRAINTS ALL IMMEDIATE` fires the trigger early, and a
 -- `SET LOCAL synchronous_commit = off` after it would otherwise hold.
 -- Both run with a fixed search_path: a handler's `SET LOCAL search_path`
 -- cannot put a current_setting() of its own in front of pg_catalog's. (A

@@ -157,14 +157,24 @@ const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer, processed_
 const FENCE_XID_SQL = `insert into core.processed_jobs (job_id, consumer, processed_at) values ($1, $2, clock_timestamp()) on conflict do nothing
   returning core.pending_letter($1, $2) as detail, pg_current_xact_id()::text as xid`;
 /**
- * Right before COMMIT, after the handler's last statement: the durable commit
- * (migration 0028's core.commit_durably_now(): synchronous_commit off becomes
- * the session's own setting, or local). The fence's deferred trigger does the
- * same inside COMMIT, but a handler's SET CONSTRAINTS … IMMEDIATE fires it
- * early, and a SET LOCAL synchronous_commit = off after that would hold.
+ * Right before COMMIT, after the handler's last statement, the durable
+ * commit: synchronous_commit off becomes the session's own setting (its
+ * reset value), or local — what migration 0028's deferred trigger also does
+ * inside COMMIT, but a handler's SET CONSTRAINTS … IMMEDIATE fires that
+ * early, and a SET LOCAL synchronous_commit = off after it would hold.
+ * Written out here (not core.commit_durably_now()) so that consumers keep
+ * working on a schema migrations are still bringing up; every name and
+ * operator qualified, so a handler's search_path cannot shadow them; the
+ * settings view is read only when the setting is off.
  */
-const DURABLE_SQL = "select core.commit_durably_now()";
-const OPEN_XID_SQL = "select pg_current_xact_id_if_assigned()::text as xid, core.commit_durably_now()";
+const DURABLE_COMMIT_SQL = `pg_catalog.set_config('synchronous_commit',
+  case when pg_catalog.current_setting('synchronous_commit') operator(pg_catalog.<>) 'off'
+    then pg_catalog.current_setting('synchronous_commit')
+    else coalesce((select s.reset_val from pg_catalog.pg_settings s
+      where s.name operator(pg_catalog.=) 'synchronous_commit' and s.reset_val operator(pg_catalog.<>) 'off'), 'local') end,
+  true)`;
+const DURABLE_SQL = `select ${DURABLE_COMMIT_SQL}`;
+const OPEN_XID_SQL = `select pg_catalog.pg_current_xact_id_if_assigned()::text as xid, ${DURABLE_COMMIT_SQL}`;
 
 /**
  * How a work transaction opens: at the harness's own isolation level,
