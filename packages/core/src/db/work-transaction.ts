@@ -561,9 +561,20 @@ export async function commitWork(
   if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
   // Where the status proved the commit, nothing was sent after the handler:
   // the durable commit goes now, pipelined with COMMIT (its failure aborts
-  // the transaction, and COMMIT answers ROLLBACK).
-  const durable = conn.provesByStatus ? conn.query({ text: DURABLE_SQL }) : undefined;
-  durable?.catch(noop);
+  // the transaction, and COMMIT answers ROLLBACK), or on its own first on a
+  // connection told not to pipeline (`pipeline: false`, behind a pooler).
+  let durable: Promise<Answer> | undefined;
+  if (conn.provesByStatus && conn.pipelines) {
+    durable = conn.query({ text: DURABLE_SQL });
+    durable.catch(noop);
+  } else if (conn.provesByStatus) {
+    await deadline.within(conn.query({ text: DURABLE_SQL }), () => {
+      end.state = "destroy";
+      conn.destroy();
+      return new UnprovenCommitError(`no answer to the durable commit setting within ${timeoutMs} ms`);
+    });
+    if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
+  }
   let committed: string | undefined;
   end.commitSent = true;
   try {
