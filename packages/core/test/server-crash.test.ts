@@ -90,3 +90,39 @@ test("a crash right after the acknowledgements loses no acknowledged fence, effe
     await after.end({ timeout: 1 });
   }
 });
+
+test("letters alone: a crash right after a dead letter and a poison letter are acknowledged loses neither", async () => {
+  // Nothing after the letters flushes the WAL for them (the first test's jobs
+  // did): each is written outside a work transaction (the decision under the
+  // fence key, the poison letter on the pool), so only the dead letters'
+  // deferred trigger makes their COMMIT wait for the flush.
+  if (!pg) throw new Error("the throwaway cluster did not start");
+  const client = postgres(pg.url, { max: 4, onnotice: () => {} });
+  const db = drizzle({ client });
+  const single = bindConsumer(
+    consumer(async (data) => {
+      if (data.n === 98) throw new PermanentError("rejected");
+    }),
+    { db, logger: silentLogger },
+  );
+  const count = async (url: string) => {
+    const sql = postgres(url, { max: 1, onnotice: () => {} });
+    try {
+      const [row] = await sql<{ letters: number }[]>`select count(*)::int as letters from core.dead_letters`;
+      return row?.letters;
+    } finally {
+      await sql.end({ timeout: 1 });
+    }
+  };
+  const before = await count(pg.url);
+  try {
+    expect((await single.deliver({ body: JSON.stringify(job(98)), deliveryCount: 1 })).outcome).toBe("dead_lettered");
+    expect((await single.deliver({ body: "still not json", deliveryCount: 1 })).outcome).toBe("poison");
+  } finally {
+    await client.end({ timeout: 1 });
+  }
+
+  await pg.shutdown({ mode: "immediate" });
+  await pg.start();
+  expect(await count(pg.url)).toBe((before ?? 0) + 2);
+});

@@ -157,23 +157,27 @@ const FENCE_SQL = `insert into core.processed_jobs (job_id, consumer, processed_
 const FENCE_XID_SQL = `insert into core.processed_jobs (job_id, consumer, processed_at) values ($1, $2, clock_timestamp()) on conflict do nothing
   returning core.pending_letter($1, $2) as detail, pg_current_xact_id()::text as xid`;
 /**
- * Right before COMMIT, after the handler's last statement, the durable
- * commit: synchronous_commit off becomes the session's own setting (its
- * reset value), or local — what migration 0028's deferred trigger also does
- * inside COMMIT, but a handler's SET CONSTRAINTS … IMMEDIATE fires that
- * early, and a SET LOCAL synchronous_commit = off after it would hold.
- * Written out here (not core.commit_durably_now()) so that consumers keep
- * working on a schema migrations are still bringing up; every name and
- * operator qualified, so a handler's search_path cannot shadow them; the
- * settings view is read only when the setting is off.
+ * Right before COMMIT, after the handler's last statement (its gate is
+ * closed by then), the durable commit: synchronous_commit off becomes the
+ * session's own setting (its reset value), or local, so a COMMIT that
+ * carries a fence answers only once its WAL is flushed, whatever the
+ * database, the role or the handler set (`SET LOCAL synchronous_commit =
+ * off`, `set_config`, a function). Every work transaction's COMMIT passes
+ * here, so this is the one mechanism for fences (migration 0029 dropped the
+ * per-row trigger that did the same inside COMMIT: a handler's SET
+ * CONSTRAINTS … IMMEDIATE fired it early anyway, and it cost a call per
+ * fence). Written out here, not as a function of the schema, so consumers
+ * keep working on a schema migrations are still bringing up; every name
+ * and operator qualified, so a handler's search_path cannot shadow them;
+ * set_config and the settings view run only when the setting is off. Sent
+ * with parameters (none) so postgres.js prepares it: planned once per
+ * connection.
  */
-const DURABLE_COMMIT_SQL = `pg_catalog.set_config('synchronous_commit',
-  case when pg_catalog.current_setting('synchronous_commit') operator(pg_catalog.<>) 'off'
-    then pg_catalog.current_setting('synchronous_commit')
-    else coalesce((select s.reset_val from pg_catalog.pg_settings s
-      where s.name operator(pg_catalog.=) 'synchronous_commit' and s.reset_val operator(pg_catalog.<>) 'off'), 'local') end,
-  true)`;
+const DURABLE_COMMIT_SQL = `case when pg_catalog.current_setting('synchronous_commit') operator(pg_catalog.=) 'off'
+  then pg_catalog.set_config('synchronous_commit', coalesce((select s.reset_val from pg_catalog.pg_settings s
+    where s.name operator(pg_catalog.=) 'synchronous_commit' and s.reset_val operator(pg_catalog.<>) 'off'), 'local'), true) end`;
 const DURABLE_SQL = `select ${DURABLE_COMMIT_SQL}`;
+const DURABLE: Statement = { text: DURABLE_SQL, params: [] };
 const OPEN_XID_SQL = `select pg_catalog.pg_current_xact_id_if_assigned()::text as xid, ${DURABLE_COMMIT_SQL}`;
 
 /**
@@ -565,10 +569,10 @@ export async function commitWork(
   // connection told not to pipeline (`pipeline: false`, behind a pooler).
   let durable: Promise<Answer> | undefined;
   if (conn.provesByStatus && conn.pipelines) {
-    durable = conn.query({ text: DURABLE_SQL });
+    durable = conn.query(DURABLE);
     durable.catch(noop);
   } else if (conn.provesByStatus) {
-    await deadline.within(conn.query({ text: DURABLE_SQL }), () => {
+    await deadline.within(conn.query(DURABLE), () => {
       end.state = "destroy";
       conn.destroy();
       return new UnprovenCommitError(`no answer to the durable commit setting within ${timeoutMs} ms`);

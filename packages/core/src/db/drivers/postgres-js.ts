@@ -30,7 +30,7 @@ import { heldConnection } from "./held.ts";
 
 type Rows = Record<string, unknown>[] & { command?: string };
 interface Querier {
-  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows>;
+  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean; simple?: boolean }): Promise<Rows>;
 }
 interface ReservedClient extends Querier {
   release(): void;
@@ -117,7 +117,13 @@ class ReservedConnection implements DriverConnection {
     return this.pipeline ? Promise.allSettled(all.map((s) => this.query(s))) : sendInOrder(all, (s) => this.query(s));
   }
   query({ text, params }: Statement): Promise<Answer> {
-    return this.conn.unsafe(text, params ? (params as unknown[]) : [], params ? { prepare: this.prepare } : undefined);
+    // With parameters (even none), the extended protocol: a prepared
+    // statement is planned once per connection, not at every send.
+    return this.conn.unsafe(
+      text,
+      params ? (params as unknown[]) : [],
+      params ? { prepare: this.prepare, simple: false } : undefined,
+    );
   }
   transactionStatus(): TransactionStatus | null {
     return (this.conn.transactionStatus?.() ?? null) as TransactionStatus | null;
