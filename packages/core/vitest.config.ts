@@ -10,6 +10,7 @@ import { configDefaults, defineProject } from "vitest/config";
 const FAULT_FILES = [
   "src/db/engine.contract.test.ts", // every driver × isolation level, lock waits and timeouts against other sessions
   "src/db/batch.contract.test.ts", // batched work transactions: the same matrix, lock waits, deadlocks and timeouts
+  "src/db/commit-inside.contract.test.ts", // what runs inside COMMIT (deferred triggers, holdable cursors): the same matrix
   "src/db/batch.faults.test.ts", // a gate bypass, budgets spent behind slow statements, late COMMITs
   "src/db/prepared-query.test.ts", // every driver, a PGlite booted and migrated
   "src/db/transport-holds.test.ts", // every driver, one PGlite booted and migrated per case

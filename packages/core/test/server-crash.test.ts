@@ -35,6 +35,13 @@ beforeAll(async () => {
   // A current_setting() a handler's search_path can put ahead of pg_catalog's.
   await admin.unsafe(`create schema crash_shadow;
     create function crash_shadow.current_setting(text) returns text language sql as $$ select 'on'::text $$`);
+  // An application table whose deferred trigger turns synchronous_commit off:
+  // it runs inside COMMIT, after anything the engine sends before it.
+  await admin.unsafe(`create table crash_audit (job_id uuid);
+    create function crash_audit_async() returns trigger language plpgsql as $$
+      begin perform pg_catalog.set_config('synchronous_commit', 'off', true); return null; end $$;
+    create constraint trigger crash_audit_async after insert on crash_audit
+      deferrable initially deferred for each row execute function crash_audit_async()`);
   await admin.end();
 }, 60_000);
 
@@ -89,6 +96,52 @@ test("a crash right after the acknowledgements loses no acknowledged fence, effe
   } finally {
     await after.end({ timeout: 1 });
   }
+});
+
+test("code that runs inside COMMIT (an application table's deferred trigger, a WITH HOLD cursor's query) cannot turn the durable commit off: a crash loses no acknowledged job", async () => {
+  if (!pg) throw new Error("the throwaway cluster did not start");
+  const client = postgres(pg.url, { max: 4, onnotice: () => {} });
+  const db = drizzle({ client });
+  const counted = async () => {
+    const sql = postgres(pg?.url ?? "", { max: 1, onnotice: () => {} });
+    try {
+      const [row] = await sql<
+        { effects: number }[]
+      >`select count(*)::int as effects from test_effects where consumer = 'inside'`;
+      return row?.effects ?? -1;
+    } finally {
+      await sql.end({ timeout: 1 });
+    }
+  };
+  const handle: Parameters<typeof consumer>[0] = async (data, { tx, envelope }) => {
+    if (data.n % 2 === 0) {
+      await tx.execute(
+        sql.raw(`declare crash_hold_${data.n} cursor with hold for
+        select pg_catalog.set_config('synchronous_commit', 'off', true)`),
+      );
+    } else {
+      await tx.execute(sql`insert into crash_audit (job_id) values (${envelope.job_id})`);
+    }
+    await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "inside", amount: data.n });
+  };
+  const single = bindConsumer(consumer(handle), { db, logger: silentLogger });
+  const batched = bindConsumer(consumer(handle, { batch: { maxSize: 4, maxWaitMs: 30 } }), {
+    db,
+    logger: silentLogger,
+  });
+  try {
+    for (const e of jobs(4, 30)) {
+      expect((await single.deliver({ body: JSON.stringify(e), deliveryCount: 1 })).outcome).toBe("success");
+    }
+    expect((await together(batched, jobs(4, 40))).map((r) => r.outcome)).toEqual(Array(4).fill("success"));
+  } finally {
+    await client.end({ timeout: 1 });
+  }
+  expect(await counted()).toBe(8);
+
+  await pg.shutdown({ mode: "immediate" });
+  await pg.start();
+  expect(await counted()).toBe(8);
 });
 
 test("letters alone: a crash right after a dead letter and a poison letter are acknowledged loses neither", async () => {

@@ -77,8 +77,13 @@ export interface DriverConnection {
    * connection closed. Only read where `provesByStatus` is true.
    */
   transactionStatus(): TransactionStatus | null;
-  /** Sends COMMIT; resolves with the command tag the server answered (`ROLLBACK` for a failed transaction). */
-  commit(): Promise<string | undefined>;
+  /**
+   * Sends COMMIT; resolves with the command tag the server answered
+   * (`ROLLBACK` for a failed transaction). `before` (statements without
+   * parameters) goes in COMMIT's own simple-protocol message, ahead of it;
+   * the engine passes it only where `provesByStatus`.
+   */
+  commit(before?: string): Promise<string | undefined>;
   /** Sends ROLLBACK; resolves with the command tag the server answered. */
   rollback(): Promise<string | undefined>;
   /** Back to the pool: only ever called when the connection is known to have no transaction open. */

@@ -158,27 +158,36 @@ const FENCE_XID_SQL = `insert into core.processed_jobs (job_id, consumer, proces
   returning core.pending_letter($1, $2) as detail, pg_current_xact_id()::text as xid`;
 /**
  * Right before COMMIT, after the handler's last statement (its gate is
- * closed by then), the durable commit: synchronous_commit off becomes the
- * session's own setting (its reset value), or local, so a COMMIT that
- * carries a fence answers only once its WAL is flushed, whatever the
- * database, the role or the handler set (`SET LOCAL synchronous_commit =
- * off`, `set_config`, a function). Every work transaction's COMMIT passes
- * here, so this is the one mechanism for fences (migration 0029 dropped the
- * per-row trigger that did the same inside COMMIT: a handler's SET
- * CONSTRAINTS … IMMEDIATE fired it early anyway, and it cost a call per
- * fence). Written out here, not as a function of the schema, so consumers
- * keep working on a schema migrations are still bringing up; every name
- * and operator qualified, so a handler's search_path cannot shadow them;
- * set_config and the settings view run only when the setting is off. Sent
- * with parameters (none) so postgres.js prepares it: planned once per
- * connection.
+ * closed by then), the durable commit, so a COMMIT that carries a fence
+ * answers only once its WAL is flushed, whatever the database, the role or
+ * the handler set (`SET LOCAL synchronous_commit = off`, `set_config`, a
+ * function). Every work transaction's COMMIT passes here: the one mechanism
+ * for fences (migration 0029 dropped the per-row trigger that did it inside
+ * COMMIT, which a handler's SET CONSTRAINTS … IMMEDIATE fired early anyway).
+ *
+ * COMMIT itself still runs code after anything sent before it: the pending
+ * deferred triggers (an application table's may turn the setting off) and
+ * the queries of WITH HOLD cursors. So first those run now: SET CONSTRAINTS
+ * ALL IMMEDIATE fires every pending deferred trigger (a deferred
+ * constraint's violation fails here instead of at COMMIT, the same outcome),
+ * CLOSE ALL drops the cursors (a holdable one would also outlive the job on
+ * the pooled connection). Then `off` becomes the session's own setting (its
+ * reset value), or local; a stricter setting stays.
+ *
+ * Written out here, not as a function of the schema, so consumers keep
+ * working on a schema migrations are still bringing up; every name and
+ * operator qualified, so a handler's search_path cannot shadow them;
+ * set_config and the settings read only when the setting is off.
  */
+const SETTLE_SQL = "set constraints all immediate; close all";
 const DURABLE_COMMIT_SQL = `case when pg_catalog.current_setting('synchronous_commit') operator(pg_catalog.=) 'off'
-  then pg_catalog.set_config('synchronous_commit', coalesce((select s.reset_val from pg_catalog.pg_settings s
+  then pg_catalog.set_config('synchronous_commit', coalesce((select s.reset_val from pg_catalog.pg_show_all_settings() s
     where s.name operator(pg_catalog.=) 'synchronous_commit' and s.reset_val operator(pg_catalog.<>) 'off'), 'local'), true) end`;
-const DURABLE_SQL = `select ${DURABLE_COMMIT_SQL}`;
-const DURABLE: Statement = { text: DURABLE_SQL, params: [] };
-const OPEN_XID_SQL = `select pg_catalog.pg_current_xact_id_if_assigned()::text as xid, ${DURABLE_COMMIT_SQL}`;
+/** Where the status proves the commit: sent in COMMIT's own simple-protocol message, before it (no statement or round trip of its own). */
+const BEFORE_COMMIT_SQL = `${SETTLE_SQL}; select ${DURABLE_COMMIT_SQL}`;
+/** Where the transaction id proves it: in the commit check, after the settling statements (sent one by one: PGlite takes one per query). */
+const SETTLE: readonly Statement[] = [{ text: "set constraints all immediate" }, { text: "close all" }];
+const OPEN_XID_SQL = `select pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text as xid, ${DURABLE_COMMIT_SQL}`;
 
 /**
  * How a work transaction opens: at the harness's own isolation level,
@@ -551,11 +560,13 @@ export async function commitWork(
     // Same transaction id. Also raises on an aborted transaction (25P02):
     // if the handler caught the error of a failed statement, the job is
     // retried rather than acknowledged with nothing done.
-    const open = await deadline.within(conn.query({ text: OPEN_XID_SQL }), () => {
+    const unanswered = () => {
       end.state = "destroy";
       conn.destroy();
       return new UnprovenCommitError(`no answer to the commit check within ${timeoutMs} ms`);
-    });
+    };
+    for (const statement of SETTLE) await deadline.within(conn.query(statement), unanswered);
+    const open = await deadline.within(conn.query({ text: OPEN_XID_SQL }), unanswered);
     if (open[0]?.["xid"] !== fenceXid) {
       throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
     }
@@ -563,30 +574,24 @@ export async function commitWork(
   // COMMIT is sent only within the budget: once it is spent the run is
   // over, and a COMMIT sent now would make an outcome nobody waits for.
   if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
-  // Where the status proved the commit, nothing was sent after the handler:
-  // the durable commit goes now, pipelined with COMMIT (its failure aborts
-  // the transaction, and COMMIT answers ROLLBACK), or on its own first on a
-  // connection told not to pipeline (`pipeline: false`, behind a pooler).
-  let durable: Promise<Answer> | undefined;
-  if (conn.provesByStatus && conn.pipelines) {
-    durable = conn.query(DURABLE);
-    durable.catch(noop);
-  } else if (conn.provesByStatus) {
-    await deadline.within(conn.query(DURABLE), () => {
-      end.state = "destroy";
-      conn.destroy();
-      return new UnprovenCommitError(`no answer to the durable commit setting within ${timeoutMs} ms`);
-    });
-    if (deadline.spent) throw new HandlerTimeoutError(timeoutMs);
-  }
   let committed: string | undefined;
   end.commitSent = true;
   try {
     committed = await deadline.within(
-      conn.commit(),
+      conn.commit(conn.provesByStatus ? BEFORE_COMMIT_SQL : undefined),
       () => new UnprovenCommitError(`no answer to COMMIT within ${timeoutMs} ms`),
     );
   } catch (error) {
+    // A statement before COMMIT failed (a deferred constraint the work
+    // broke; 25P02: the handler caught the error of a failed statement, and
+    // the transaction is aborted): the rest of the message did not run, and
+    // the transaction is still open, failed. Nothing committed.
+    // Ended here as COMMIT would have ended it (ROLLBACK): the connection
+    // is idle after a RolledBackAtCommitError, as the batch expects.
+    if (conn.provesByStatus && conn.transactionStatus() === "E") {
+      end.state = (await rolledBack(conn)) ? "idle" : "destroy";
+      throw (error as { code?: unknown } | null)?.code === "25P02" ? new RolledBackAtCommitError() : error;
+    }
     // A lost COMMIT reply: the job may or may not have committed. Not a
     // success; the retry finds the fence if it did.
     end.state = "destroy";
@@ -596,12 +601,7 @@ export async function commitWork(
   // Postgres answers COMMIT of an aborted transaction with ROLLBACK, no
   // error: a statement failed and the handler caught its error. Nothing
   // was written, so the job must not be acknowledged as done.
-  if (committed !== "COMMIT") {
-    // The durable commit's own failure (not the aborted transaction's echo, 25P02) is the cause to report.
-    const refused = await durable?.then(noop, (error: unknown) => error);
-    const code = (refused as { code?: unknown } | undefined)?.code;
-    throw refused === undefined || code === "25P02" ? new RolledBackAtCommitError() : refused;
-  }
+  if (committed !== "COMMIT") throw new RolledBackAtCommitError();
 }
 
 /**
@@ -609,22 +609,25 @@ export async function commitWork(
  * its own answer to ROLLBACK says no transaction is left open on it.
  */
 export async function finish(conn: DriverConnection, state: EndState): Promise<void> {
-  if (state === "rollback") {
-    let timer: NodeJS.Timeout | undefined;
-    const answered = await Promise.race([
-      conn.rollback().then(
-        (command) => command === "ROLLBACK",
-        () => false,
-      ),
-      new Promise<false>((resolve) => {
-        timer = setTimeout(resolve, ROLLBACK_WAIT_MS, false);
-      }),
-    ]);
-    clearTimeout(timer);
-    state = answered ? "idle" : "destroy";
-  }
+  if (state === "rollback") state = (await rolledBack(conn)) ? "idle" : "destroy";
   if (state === "destroy") conn.destroy();
   else conn.release();
+}
+
+/** Sends ROLLBACK; whether it answered `ROLLBACK` within ROLLBACK_WAIT_MS (the connection is idle then). */
+async function rolledBack(conn: DriverConnection): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const answered = await Promise.race([
+    conn.rollback().then(
+      (command) => command === "ROLLBACK",
+      () => false,
+    ),
+    new Promise<false>((resolve) => {
+      timer = setTimeout(resolve, ROLLBACK_WAIT_MS, false);
+    }),
+  ]);
+  clearTimeout(timer);
+  return answered;
 }
 
 /**

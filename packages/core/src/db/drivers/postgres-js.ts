@@ -30,7 +30,7 @@ import { heldConnection } from "./held.ts";
 
 type Rows = Record<string, unknown>[] & { command?: string };
 interface Querier {
-  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean; simple?: boolean }): Promise<Rows>;
+  unsafe(query: string, params?: unknown[], options?: { prepare?: boolean }): Promise<Rows>;
 }
 interface ReservedClient extends Querier {
   release(): void;
@@ -117,19 +117,18 @@ class ReservedConnection implements DriverConnection {
     return this.pipeline ? Promise.allSettled(all.map((s) => this.query(s))) : sendInOrder(all, (s) => this.query(s));
   }
   query({ text, params }: Statement): Promise<Answer> {
-    // With parameters (even none), the extended protocol: a prepared
-    // statement is planned once per connection, not at every send.
-    return this.conn.unsafe(
-      text,
-      params ? (params as unknown[]) : [],
-      params ? { prepare: this.prepare, simple: false } : undefined,
-    );
+    return this.conn.unsafe(text, params ? (params as unknown[]) : [], params ? { prepare: this.prepare } : undefined);
   }
   transactionStatus(): TransactionStatus | null {
     return (this.conn.transactionStatus?.() ?? null) as TransactionStatus | null;
   }
-  async commit(): Promise<string | undefined> {
-    return (await this.conn.unsafe("commit", [], { prepare: this.prepare })).command;
+  async commit(before?: string): Promise<string | undefined> {
+    const answer: unknown = await this.conn.unsafe(before === undefined ? "commit" : `${before}; commit`);
+    // Several statements with rows among them answer as a list of results,
+    // COMMIT's tag on the last one.
+    const results = answer as Rows[];
+    const last = results[results.length - 1];
+    return (Array.isArray(last) ? last : (answer as Rows)).command;
   }
   async rollback(): Promise<string | undefined> {
     return (await this.conn.unsafe("rollback")).command;
