@@ -347,7 +347,8 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     } catch (error) {
       if (error instanceof RolledBackAtCommitError) {
         // Nothing committed: a statement a handler did not await failed
-        // after the status was read, and whose it was is not known. No job
+        // after the status was read, or a deferred constraint fired right
+        // before COMMIT failed, and whose work it was is not known. No job
         // is charged for it here; each runs alone next time, where it is.
         isolate(run, jobs);
         throw error;
@@ -498,10 +499,17 @@ async function runConcurrently(
       if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
       await commitWork(conn, deadline, timeoutMs, xid, end);
     } catch (error) {
-      // COMMIT answered ROLLBACK: a statement a handler did not await failed
-      // after the status was read. Nothing committed and the connection is
-      // idle: run again.
-      if (error instanceof RolledBackAtCommitError) return [];
+      if (error instanceof RolledBackAtCommitError) {
+        // COMMIT answered ROLLBACK: a statement a handler did not await failed
+        // after the status was read. Nothing committed and the connection is
+        // idle: run again, one handler after another, which finds it.
+        if (error.cause === undefined) return [];
+        // A deferred constraint fired right before COMMIT failed: nothing
+        // committed, and no run of this batch can tell whose work broke it.
+        // No job is charged; each runs alone next time, where it is.
+        isolate(run, jobs);
+        throw new BatchAbortedError(error);
+      }
       if (!end.commitSent) {
         // The unfence or the budget failed before COMMIT: nothing committed.
         if (destroyed(end)) throw new BatchAbortedError(error);

@@ -5,11 +5,14 @@
  * durable setting, on every driver and isolation default, single and batched:
  * neither can turn synchronous_commit off for the COMMIT that carries the
  * fence, and no holdable cursor outlives the job on the pooled connection.
+ * A deferred constraint the work breaks fails there too, before COMMIT: in a
+ * batch, nothing committed and which job broke it is not known, so no job is
+ * charged and each runs alone next time, where the one that broke it is.
  * (The crash itself: test/server-crash.test.ts.)
  */
 import { sql } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
-import { job, jobs, together } from "../../test/batches.ts";
+import { job, jobs, outcomeAndAttempt, together } from "../../test/batches.ts";
 import { recordCommitModes } from "../../test/commit-modes.ts";
 import { useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers } from "../../test/fixtures.ts";
@@ -65,4 +68,45 @@ describe.each(matrix)("on %s", (c) => {
     const cursors = await db.execute(sql`select name from pg_cursors where is_holdable`);
     expect(Array.isArray(cursors) ? cursors : (cursors as { rows: unknown[] }).rows).toEqual([]);
   });
+
+  for (const concurrent of [false, true])
+    test(`a batch (${concurrent ? "concurrent" : "sequential"}) in which one job breaks a deferred constraint: no other job is charged for it; alone next time, the one that broke it is`, async () => {
+      await c.rows(`create or replace function inside_deferred_check() returns trigger language plpgsql as $$
+      begin if new.amount = 702 then raise exception 'amount 702 refused at commit' using errcode = '23514'; end if; return null; end $$`);
+      await c.rows(`drop trigger if exists inside_deferred_check on test_effects`);
+      await c.rows(`create constraint trigger inside_deferred_check after insert on test_effects
+      deferrable initially deferred for each row execute function inside_deferred_check()`);
+      try {
+        const definition = consumer(
+          async (data, { tx, envelope }) => {
+            await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: 700 + data.n });
+          },
+          { batch: { maxSize: 4, maxWaitMs: 30, concurrent } },
+        );
+        const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+        const burst = jobs(4);
+        const alone = [
+          ["success", undefined],
+          ["retry", true],
+          ["success", undefined],
+          ["success", undefined],
+        ];
+        const first = await together(bound, burst);
+        if (c.driver === "postgres.js unpatched") {
+          // One job per transaction on this driver (batch.contract.test.ts): alone from the start.
+          expect(first.map(outcomeAndAttempt)).toEqual(alone);
+        } else {
+          expect(first.map(outcomeAndAttempt)).toEqual(Array(4).fill(["deferred", false]));
+          expect((await together(bound, burst, 2)).map(outcomeAndAttempt)).toEqual(alone);
+        }
+        const [row] = await c.rows<{ effects: number; fences: number }>(
+          `select (select count(*)::int from test_effects where job_id = any($1::uuid[])) as effects,
+                  (select count(*)::int from core.processed_jobs where job_id = any($1::uuid[])) as fences`,
+          [burst.map((e) => e.job_id)],
+        );
+        expect(row).toEqual({ effects: 3, fences: 3 });
+      } finally {
+        await c.rows("drop trigger if exists inside_deferred_check on test_effects");
+      }
+    });
 });

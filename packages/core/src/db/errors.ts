@@ -29,13 +29,21 @@ export class UnprovenCommitError extends Error {
 }
 
 /**
- * COMMIT answered ROLLBACK: a statement of the work failed (its error caught,
- * or never awaited) and nothing was written. The connection is idle again.
- * Transient: the job is retried.
+ * Nothing of the work transaction committed, and the server said so: COMMIT
+ * answered ROLLBACK (a statement of the work failed, its error caught or
+ * never awaited), or a statement sent right before COMMIT failed (`cause`: a
+ * deferred constraint the work broke, fired there). Classified by `cause`
+ * when there is one, else transient: the job is retried. In a batch, which
+ * job made it fail is not known: none is charged, each runs alone next time.
  */
 export class RolledBackAtCommitError extends Error {
-  constructor() {
-    super("the work transaction was rolled back: a statement failed inside it and the handler caught its error");
+  constructor(cause?: unknown) {
+    super(
+      cause === undefined
+        ? "the work transaction was rolled back: a statement failed inside it and the handler caught its error"
+        : "the work transaction was rolled back: a statement right before COMMIT failed (a deferred constraint or trigger of the work)",
+      cause === undefined ? undefined : { cause },
+    );
     this.name = "RolledBackAtCommitError";
   }
 }

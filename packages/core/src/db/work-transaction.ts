@@ -565,8 +565,16 @@ export async function commitWork(
       conn.destroy();
       return new UnprovenCommitError(`no answer to the commit check within ${timeoutMs} ms`);
     };
-    for (const statement of SETTLE) await deadline.within(conn.query(statement), unanswered);
-    const open = await deadline.within(conn.query({ text: OPEN_XID_SQL }), unanswered);
+    let open: Answer;
+    try {
+      for (const statement of SETTLE) await deadline.within(conn.query(statement), unanswered);
+      open = await deadline.within(conn.query({ text: OPEN_XID_SQL }), unanswered);
+    } catch (error) {
+      // The server refused a statement (a deferred constraint the work
+      // broke, fired by SET CONSTRAINTS; 25P02): the transaction is aborted
+      // and COMMIT was not sent, so nothing committed (finish() rolls it back).
+      throw answeredByServer(error) ? new RolledBackAtCommitError(error) : error;
+    }
     if (open[0]?.["xid"] !== fenceXid) {
       throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
     }
@@ -590,7 +598,7 @@ export async function commitWork(
     // is idle after a RolledBackAtCommitError, as the batch expects.
     if (conn.provesByStatus && conn.transactionStatus() === "E") {
       end.state = (await rolledBack(conn)) ? "idle" : "destroy";
-      throw (error as { code?: unknown } | null)?.code === "25P02" ? new RolledBackAtCommitError() : error;
+      throw new RolledBackAtCommitError((error as { code?: unknown } | null)?.code === "25P02" ? undefined : error);
     }
     // A lost COMMIT reply: the job may or may not have committed. Not a
     // success; the retry finds the fence if it did.
@@ -612,6 +620,12 @@ export async function finish(conn: DriverConnection, state: EndState): Promise<v
   if (state === "rollback") state = (await rolledBack(conn)) ? "idle" : "destroy";
   if (state === "destroy") conn.destroy();
   else conn.release();
+}
+
+/** An error the server answered with (it carries a SQLSTATE), not a lost or broken connection. */
+function answeredByServer(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code);
 }
 
 /** Sends ROLLBACK; whether it answered `ROLLBACK` within ROLLBACK_WAIT_MS (the connection is idle then). */
