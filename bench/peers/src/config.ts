@@ -25,6 +25,9 @@ export const PEERS: readonly SystemName[] = ["graphile_worker", "pg_boss", "dbos
 /** Jobs run, untimed, before each timed run (connections, prepared statements, the JIT). */
 export const WARMUP_JOBS = 500;
 
+/** The most jobs a batch of @softcrum/core may hold (`batch.maxSize`, checked by `defineConsumer`). */
+const MAX_BATCH_SIZE = 64;
+
 /** What one system's process is told to do. */
 export interface RunSpec {
   readonly system: SystemName;
@@ -43,6 +46,8 @@ export interface RunSpec {
   readonly handler?: HarnessHandler;
   /** How `harness_batched` runs a batch's handlers (only for `harness_batched`). */
   readonly batch?: HarnessBatch;
+  /** `harness_batched`'s `batch.maxSize` (only for `harness_batched`). */
+  readonly batchSize?: number;
 }
 
 /**
@@ -83,6 +88,7 @@ export interface BenchOptions {
   readonly systems: readonly SystemName[];
   readonly handler: HarnessHandler;
   readonly batch: HarnessBatch;
+  readonly batchSize: number;
 }
 
 function positiveInt(name: string, fallback: number): number {
@@ -96,7 +102,8 @@ function positiveInt(name: string, fallback: number): number {
 /**
  * PEERS_N (20000), PEERS_ROUNDS (3), PEERS_CONCURRENCY (16), PEERS_SYSTEMS
  * (SYSTEMS, comma list, may name REFERENCES), PEERS_HANDLER (prepared),
- * PEERS_BATCH (concurrent).
+ * PEERS_BATCH (concurrent), PEERS_BATCH_SIZE (the concurrency, at most
+ * the core's MAX_BATCH_SIZE).
  */
 export function benchOptions(): BenchOptions {
   const listed = (process.env["PEERS_SYSTEMS"] ?? "")
@@ -115,12 +122,21 @@ export function benchOptions(): BenchOptions {
   if (!(HARNESS_BATCHES as readonly string[]).includes(batch)) {
     throw new Error(`PEERS_BATCH: ${batch} is not one of ${HARNESS_BATCHES.join(", ")}`);
   }
+  const concurrency = positiveInt("PEERS_CONCURRENCY", 16);
+  // Every delivery in flight can share one transaction: with 16 loops, one
+  // batch of 16 (0.0625 transactions per job) beat two of 8 in interleaved
+  // runs (about 9 % more jobs/s, 20 % less client CPU per job).
+  const batchSize = positiveInt("PEERS_BATCH_SIZE", Math.min(concurrency, MAX_BATCH_SIZE));
+  if (batchSize > MAX_BATCH_SIZE) {
+    throw new Error(`PEERS_BATCH_SIZE must be at most ${MAX_BATCH_SIZE} (batch.maxSize's limit), got ${batchSize}`);
+  }
   return {
     handler: handler as HarnessHandler,
     batch: batch as HarnessBatch,
+    batchSize,
     jobs: positiveInt("PEERS_N", 20_000),
     rounds: positiveInt("PEERS_ROUNDS", 3),
-    concurrency: positiveInt("PEERS_CONCURRENCY", 16),
+    concurrency,
     systems: listed.length === 0 ? SYSTEMS : ALL_SYSTEMS.filter((name) => listed.includes(name)),
   };
 }

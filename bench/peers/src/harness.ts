@@ -9,8 +9,9 @@
  * (spec.handler "prepared", the default), or with `tx.insert(...)` built by
  * Drizzle on every job ("builder").
  *
- * `harness_batched` gives the definition `batch: { maxSize: 8, maxWaitMs: 2,
- * concurrent }`: deliveries that arrive together share one work transaction
+ * `harness_batched` gives the definition `batch: { maxSize, maxWaitMs: 2,
+ * concurrent }` (maxSize: spec.batchSize, by default the concurrency, so the
+ * deliveries in flight can share one transaction): deliveries that arrive together share one work transaction
  * (one multi-row fence insert, one COMMIT), their handlers pipelined at once
  * with no savepoints (spec.batch "concurrent", the default: the handler is
  * one insert) or one after another in a savepoint each ("sequential").
@@ -26,6 +27,7 @@ import { effects, expectEffects, sampleOf, startMeter, withFreshDatabases } from
 
 export const POOL_MAX = 10;
 const KIND = "peers.credit.v1";
+/** When spec.batchSize is not given (a spec written by hand). */
 const BATCH_SIZE = 8;
 const BATCH_WAIT_MS = 2;
 
@@ -88,7 +90,13 @@ export function runHarness(spec: RunSpec): Promise<Sample> {
           else await tx.insert(effects).values({ jobId: envelope.job_id, amount: data.amount });
         },
         ...(batched
-          ? { batch: { maxSize: BATCH_SIZE, maxWaitMs: BATCH_WAIT_MS, concurrent: spec.batch !== "sequential" } }
+          ? {
+              batch: {
+                maxSize: spec.batchSize ?? BATCH_SIZE,
+                maxWaitMs: BATCH_WAIT_MS,
+                concurrent: spec.batch !== "sequential",
+              },
+            }
           : {}),
       });
       const bound = bindConsumer(consumer, { db: drizzle({ client: sql }) });

@@ -68,7 +68,7 @@ try {
         adminUrl: server.adminUrl,
         ...(system === "pgbench" && pgbench ? { pgbench } : {}),
         ...(system.startsWith("harness") ? { handler: options.handler } : {}),
-        ...(system === "harness_batched" ? { batch: options.batch } : {}),
+        ...(system === "harness_batched" ? { batch: options.batch, batchSize: options.batchSize } : {}),
       };
       const sample = await runSystem(spec);
       samples.push(sample);
@@ -81,7 +81,7 @@ try {
   const [one, five, fifteen] = loadavg().map((load) => load.toFixed(2));
   console.log(
     `\n${options.jobs} jobs per system and round (+${WARMUP_JOBS} warm-up), ${options.rounds} rounds (medians), ` +
-      `concurrency ${options.concurrency}, harness handler ${options.handler}, batch ${options.batch}, Postgres from ${server.source}; ` +
+      `concurrency ${options.concurrency}, harness handler ${options.handler}, batch ${options.batch} of up to ${options.batchSize}, Postgres from ${server.source}; ` +
       `${Math.round((performance.now() - started) / 1000)} s; load average ${one} ${five} ${fifteen} on ${availableParallelism()} CPUs`,
   );
   console.log(

@@ -134,3 +134,19 @@ describe("PEERS_BATCH", () => {
     );
   });
 });
+
+describe("PEERS_BATCH_SIZE", () => {
+  it("caps harness_batched's batches (by default the concurrency): batches of at most 4 take at least one transaction id per 4 jobs", async () => {
+    const { stdout, result } = await smokeRun({ PEERS_SYSTEMS: "harness_batched", PEERS_BATCH_SIZE: "4" });
+    expect(stdout).toContain("batch concurrent of up to 4");
+    const txns = (result["write_txns_per_job"] as Record<string, number>)["harness_batched"] ?? 0;
+    expect(txns).toBeGreaterThanOrEqual(0.25);
+  });
+
+  it("past batch.maxSize's limit, or not a whole number, is refused before any database is made", async () => {
+    expect(await refusedRun({ PEERS_BATCH_SIZE: "65" })).toContain(
+      "PEERS_BATCH_SIZE must be at most 64 (batch.maxSize's limit), got 65",
+    );
+    expect(await refusedRun({ PEERS_BATCH_SIZE: "0" })).toContain("PEERS_BATCH_SIZE must be a whole number ≥ 1, got 0");
+  });
+});
