@@ -59,6 +59,28 @@ describe("migration lint: no long write-blocking lock on fences or dead letters"
     expect(lintMigration("9999_new.sql", text)).toEqual([]);
   });
 
+  // DROP TRIGGER on the partitioned fence table locks the partitions before
+  // the table: with live fence inserts (table, then partition) a deadlock.
+  // Migration 0029 met it; its LOCK TABLE first is the form that passes.
+  const lockFirst =
+    '-- migration-lint: allow metadata only\nLOCK TABLE "core"."processed_jobs" IN ACCESS EXCLUSIVE MODE;--> statement-breakpoint\n';
+  const dropTrigger = 'DROP TRIGGER IF EXISTS "t" ON "core"."processed_jobs";';
+  test("DROP TRIGGER on the partitioned fence table is refused unless the migration locked the table first", () => {
+    const [found, ...more] = lintMigration("9999_new.sql", dropTrigger);
+    expect(more).toEqual([]);
+    expect(found?.problem).toMatch(/locks its partitions before the table.*LOCK TABLE core\.processed_jobs/);
+    expect(lintMigration("9999_new.sql", `${lockFirst}${dropTrigger}`)).toEqual([]);
+    // A lock taken after it, or in a file whose statements each commit alone, does not count.
+    expect(lintMigration("9999_new.sql", `${dropTrigger}--> statement-breakpoint\n${lockFirst}`)).toHaveLength(1);
+    expect(
+      lintMigration("9999_new.sql", `-- softcrum-migrate: no-transaction\n${lockFirst}${dropTrigger}`).map(
+        (p) => p.problem,
+      ),
+    ).toEqual([expect.stringMatching(/locks its partitions/)]);
+    // Not partitioned: the dead letters' table takes its trigger's lock once, in order.
+    expect(lintMigration("9999_new.sql", 'DROP TRIGGER "t" ON "core"."dead_letters";')).toEqual([]);
+  });
+
   test("an escape comment without a reason does not count (#9 item 5)", () => {
     const [found] = lintMigration(
       "9999_new.sql",

@@ -14,6 +14,11 @@
  * Refused anywhere: DROP INDEX without CONCURRENTLY (ACCESS EXCLUSIVE on the
  * index's table), and CONCURRENTLY in a migration not marked
  * `-- softcrum-migrate: no-transaction` (it would fail inside one).
+ * Refused on the partitioned hot table (`core.processed_jobs`) unless the
+ * same transaction locked the table itself first (LOCK TABLE, escaped): DROP
+ * TRIGGER, which locks the partitions (the trigger's clones) before the
+ * table, the reverse of every fence insert's order — a deadlock with live
+ * consumers (migration 0029 met it; every retry timed out).
  *
  * "A moment" holds because the runner bounds every lock wait (`lock_timeout`,
  * retried with backoff, #18 item 6): a metadata-only ALTER that needs ACCESS
@@ -31,6 +36,8 @@ import { NO_TRANSACTION_MARKER } from "./migrate.ts";
 
 /** Tables written on every job's path. */
 export const HOT_TABLES = ["core.processed_jobs", "core.dead_letters"] as const;
+/** The hot tables that are partitioned: a statement that recurses to the partitions may lock them first. */
+const PARTITIONED_HOT_TABLES: readonly string[] = ["core.processed_jobs"];
 
 export const ESCAPE = "-- migration-lint: allow";
 
@@ -81,11 +88,16 @@ export function lintMigration(name: string, text: string): LintProblem[] {
   );
   const hot = HOT_TABLES.filter((t) => !createdHere.has(t));
   const problems: LintProblem[] = [];
+  // Tables this migration's transaction has locked whole so far (none in a
+  // no-transaction file: each statement commits on its own).
+  const locked = new Set<string>();
   for (const chunk of chunks) {
     const statement = normalize(chunk);
     if (statement === "") continue;
     const allow = chunk.split("\n").find((line) => line.trim().startsWith(ESCAPE));
-    const found = problemOf(statement, hot, noTransaction);
+    const found = problemOf(statement, hot, noTransaction, locked);
+    const lockedTable = /^LOCK (?:TABLE )?(?:ONLY )?([\w.]+)/i.exec(statement)?.[1]?.toLowerCase();
+    if (lockedTable !== undefined && !noTransaction) locked.add(lockedTable);
     if (!found) continue;
     if (allow && allow.trim().slice(ESCAPE.length).trim() !== "") continue;
     problems.push({
@@ -97,7 +109,12 @@ export function lintMigration(name: string, text: string): LintProblem[] {
   return problems;
 }
 
-function problemOf(statement: string, hot: readonly string[], noTransaction: boolean): string | undefined {
+function problemOf(
+  statement: string,
+  hot: readonly string[],
+  noTransaction: boolean,
+  locked: ReadonlySet<string>,
+): string | undefined {
   const s = statement.toUpperCase();
   if (/\bCONCURRENTLY\b/.test(s) && !noTransaction) {
     return `CONCURRENTLY cannot run in a transaction: start the file with "${NO_TRANSACTION_MARKER}"`;
@@ -116,6 +133,10 @@ function problemOf(statement: string, hot: readonly string[], noTransaction: boo
     /^(?:REINDEX (?:TABLE|INDEX) (?!CONCURRENTLY\b)|CLUSTER |VACUUM FULL |TRUNCATE (?:TABLE )?|LOCK (?:TABLE )?)([\w.]+)/i,
   );
   if (heavy) return `this statement locks ${heavy} against writes for its whole run`;
+  const trigger = onHot(/^DROP TRIGGER (?:IF EXISTS )?\S+ ON (?:ONLY )?([\w.]+)/i);
+  if (trigger && PARTITIONED_HOT_TABLES.includes(trigger) && !locked.has(trigger)) {
+    return `DROP TRIGGER on ${trigger} locks its partitions before the table, the reverse of a live fence insert's order (a deadlock): first, in the same migration, LOCK TABLE ${trigger} IN ACCESS EXCLUSIVE MODE`;
+  }
   const altered = onHot(/^ALTER TABLE (?:IF EXISTS )?(?:ONLY )?([\w.]+)/i);
   if (altered) {
     const actions = statement.replace(/^ALTER TABLE (?:IF EXISTS )?(?:ONLY )?[\w.]+ /i, "").split(/,(?![^(]*\))/);
