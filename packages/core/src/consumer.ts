@@ -299,7 +299,15 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     let context: Context | undefined;
     try {
       ran = await this.#runInWorkTransaction(
-        { jobId: envelope.job_id, consumer: consumer.name, lockKey, timeoutMs: consumer.timeoutMs },
+        {
+          jobId: envelope.job_id,
+          consumer: consumer.name,
+          lockKey,
+          timeoutMs: consumer.timeoutMs,
+          // Deferred before: a batch may have been undone through another job
+          // (the mark a batch leaves stays in its process); alone, it is not.
+          alone: (delivery.deferrals ?? 0) > 0,
+        },
         (tx, signal) => {
           context = new Context(tx, envelope, attempt, consumer.name, signal);
           return consumer.handle(parsed.data, context);

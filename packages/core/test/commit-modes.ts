@@ -35,10 +35,13 @@ export async function recordCommitModes(c: DriverCase) {
         r.tbl,
         r.mode,
       ]),
+    /** Removes both steps, so later cases of the file (same database) run without them. */
     drop: async () => {
       for (const table of ["test_effects", "core.dead_letters"]) {
         await c.rows(`drop trigger if exists zz_test_commit_mode on ${table}`);
       }
+      await c.rows("drop table if exists test_commit_probes");
+      await c.rows("drop function if exists test_probe_commit_mode(), test_record_commit_mode()");
     },
   };
 }

@@ -29,8 +29,8 @@ export class Collector {
   add(target: FenceTarget, work: Work): Promise<WorkOutcome> {
     return new Promise<WorkOutcome>((resolve, reject) => {
       const id = target.jobId.toLowerCase();
-      if (this.alone.has(id)) {
-        // A transaction of its own, at once (see Run.alone).
+      if (target.alone === true || this.alone.has(id)) {
+        // A transaction of its own, at once (see Run.alone, FenceTarget.alone).
         this.alone.delete(id);
         void this.run([{ target, id, work, resolve, reject }]);
         return;

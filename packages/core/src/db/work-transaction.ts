@@ -69,6 +69,13 @@ export interface FenceTarget {
    * socket close).
    */
   readonly timeoutMs?: number;
+  /**
+   * Batched consumers: run this job in a transaction of its own, never in a
+   * batch. Set for a delivery that was deferred before (`Delivery.deferrals`):
+   * a batch it ran in may have been undone through another job's fault, in
+   * this process or in another one, and alone it is charged only for its own.
+   */
+  readonly alone?: boolean;
 }
 
 /** Used when a target names no `timeoutMs`. */
