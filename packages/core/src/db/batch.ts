@@ -503,7 +503,8 @@ async function runConcurrently(
         // COMMIT answered ROLLBACK: a statement a handler did not await failed
         // after the status was read. Nothing committed and the connection is
         // idle: run again, one handler after another, which finds it.
-        if (error.cause === undefined) return [];
+        if (error.cause === undefined && end.state === "idle") return [];
+        if (error.cause === undefined && end.state === "rollback") return rollBack(run, end).then(() => []);
         // A deferred constraint fired right before COMMIT failed: nothing
         // committed, and no run of this batch can tell whose work broke it.
         // No job is charged; each runs alone next time, where it is.

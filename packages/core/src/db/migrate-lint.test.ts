@@ -77,6 +77,16 @@ describe("migration lint: no long write-blocking lock on fences or dead letters"
         (p) => p.problem,
       ),
     ).toEqual([expect.stringMatching(/locks its partitions/)]);
+    // A mode weaker than ACCESS EXCLUSIVE lets fence inserts in: it does not count.
+    const weak = lockFirst.replace("ACCESS EXCLUSIVE", "ROW EXCLUSIVE");
+    expect(lintMigration("9999_new.sql", `${weak}${dropTrigger}`).map((p) => p.problem)).toEqual([
+      expect.stringMatching(/locks its partitions/),
+    ]);
+    expect(
+      lintMigration("9999_new.sql", `${lockFirst.replace(" IN ACCESS EXCLUSIVE MODE", "")}${dropTrigger}`),
+    ).toEqual([]);
+    // A quoted trigger name with a space in it is still read.
+    expect(lintMigration("9999_new.sql", 'DROP TRIGGER "my trigger" ON "core"."processed_jobs";')).toHaveLength(1);
     // Not partitioned: the dead letters' table takes its trigger's lock once, in order.
     expect(lintMigration("9999_new.sql", 'DROP TRIGGER "t" ON "core"."dead_letters";')).toEqual([]);
   });

@@ -96,8 +96,11 @@ export function lintMigration(name: string, text: string): LintProblem[] {
     if (statement === "") continue;
     const allow = chunk.split("\n").find((line) => line.trim().startsWith(ESCAPE));
     const found = problemOf(statement, hot, noTransaction, locked);
-    const lockedTable = /^LOCK (?:TABLE )?(?:ONLY )?([\w.]+)/i.exec(statement)?.[1]?.toLowerCase();
-    if (lockedTable !== undefined && !noTransaction) locked.add(lockedTable);
+    // Only ACCESS EXCLUSIVE (LOCK's default) keeps fence inserts out while
+    // DROP TRIGGER takes the partitions: a weaker mode does not conflict with theirs.
+    const lock = /^LOCK (?:TABLE )?(?:ONLY )?([\w.]+)(?: IN (.+) MODE)?(?: NOWAIT)?$/i.exec(statement);
+    const exclusive = lock !== null && (lock[2] === undefined || /^ACCESS EXCLUSIVE$/i.test(lock[2]));
+    if (exclusive && lock?.[1] !== undefined && !noTransaction) locked.add(lock[1].toLowerCase());
     if (!found) continue;
     if (allow && allow.trim().slice(ESCAPE.length).trim() !== "") continue;
     problems.push({
@@ -133,9 +136,10 @@ function problemOf(
     /^(?:REINDEX (?:TABLE|INDEX) (?!CONCURRENTLY\b)|CLUSTER |VACUUM FULL |TRUNCATE (?:TABLE )?|LOCK (?:TABLE )?)([\w.]+)/i,
   );
   if (heavy) return `this statement locks ${heavy} against writes for its whole run`;
-  const trigger = onHot(/^DROP TRIGGER (?:IF EXISTS )?\S+ ON (?:ONLY )?([\w.]+)/i);
+  // The trigger's name may be quoted, spaces and all (normalize dropped the quotes).
+  const trigger = onHot(/^DROP TRIGGER (?:IF EXISTS )?.+? ON (?:ONLY )?([\w.]+)$/i);
   if (trigger && PARTITIONED_HOT_TABLES.includes(trigger) && !locked.has(trigger)) {
-    return `DROP TRIGGER on ${trigger} locks its partitions before the table, the reverse of a live fence insert's order (a deadlock): first, in the same migration, LOCK TABLE ${trigger} IN ACCESS EXCLUSIVE MODE`;
+    return `DROP TRIGGER on ${trigger} locks its partitions before the table, the reverse of a live fence insert's order (a deadlock): first, in the same migration, LOCK TABLE ${trigger} IN ACCESS EXCLUSIVE MODE, with an "${ESCAPE} <reason>" line (the lock is brief: the drop changes no row)`;
   }
   const altered = onHot(/^ALTER TABLE (?:IF EXISTS )?(?:ONLY )?([\w.]+)/i);
   if (altered) {

@@ -580,7 +580,7 @@ export async function commitWork(
       // The server refused a statement (a deferred constraint the work
       // broke, fired by SET CONSTRAINTS; 25P02): the transaction is aborted
       // and COMMIT was not sent, so nothing committed (finish() rolls it back).
-      throw answeredByServer(error) ? new RolledBackAtCommitError(error) : error;
+      throw answeredByServer(error) ? rolledBackBy(error) : error;
     }
     if (open[0]?.["xid"] !== fenceXid) {
       throw new UnprovenCommitError("the transaction the fence was written in was no longer open before COMMIT");
@@ -605,7 +605,7 @@ export async function commitWork(
     // is idle after a RolledBackAtCommitError, as the batch expects.
     if (conn.provesByStatus && conn.transactionStatus() === "E") {
       end.state = (await rolledBack(conn)) ? "idle" : "destroy";
-      throw new RolledBackAtCommitError((error as { code?: unknown } | null)?.code === "25P02" ? undefined : error);
+      throw rolledBackBy(error);
     }
     // A lost COMMIT reply: the job may or may not have committed. Not a
     // success; the retry finds the fence if it did.
@@ -629,10 +629,25 @@ export async function finish(conn: DriverConnection, state: EndState): Promise<v
   else conn.release();
 }
 
-/** An error the server answered with (it carries a SQLSTATE), not a lost or broken connection. */
+/**
+ * An error the server answered with — a SQLSTATE and a severity, as every
+ * driver's error for an ErrorResponse carries — not a lost or broken
+ * connection (whose `code` is an errno name such as EPIPE).
+ */
 function answeredByServer(error: unknown): boolean {
-  const code = (error as { code?: unknown } | null)?.code;
-  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code);
+  const { code, severity } = (error ?? {}) as { code?: unknown; severity?: unknown };
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) && typeof severity === "string";
+}
+
+/**
+ * Nothing committed; the error is the cause only when the server refused a
+ * statement sent right before COMMIT (a deferred constraint of the work). A
+ * 25P02, or no answer at all to a transaction already aborted, means an
+ * earlier statement failed and the handler caught its error.
+ */
+function rolledBackBy(error: unknown): RolledBackAtCommitError {
+  const refused = answeredByServer(error) && (error as { code?: unknown }).code !== "25P02";
+  return new RolledBackAtCommitError(refused ? error : undefined);
 }
 
 /** Sends ROLLBACK; whether it answered `ROLLBACK` within ROLLBACK_WAIT_MS (the connection is idle then). */
