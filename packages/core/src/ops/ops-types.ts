@@ -57,7 +57,9 @@ export interface OpsDeps {
   /**
    * Most letters one requester may replay without a second operator's
    * approval over `approvalWindowMs`: direct replays and unapproved batches
-   * together (SPEC §5). @default 100
+   * together (SPEC §5). `Number.MAX_SAFE_INTEGER` (or more) turns the
+   * library's count off (a trusted service's replays); for a login the
+   * database does not trust, its own ceiling of 100 still holds. @default 100
    */
   readonly approvalThreshold?: number;
   /** The rolling window of `approvalThreshold`. @default 86_400_000 (24 h) */

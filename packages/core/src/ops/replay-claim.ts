@@ -64,6 +64,14 @@ export const MAX_BATCH_LIFETIME_MS = 30 * 86_400_000;
  * letters of batches they requested that nobody approved (what a finished
  * batch replayed; what one still to run selected). Index scans
  * (dead_letters_direct_replays_idx, replay_batches_requester_idx).
+ *
+ * Every caller only compares the count with `approvalThreshold`, so each
+ * part stops counting at the threshold: a claim reads at most that many
+ * rows, not every replay of the window (a trusted service with a threshold
+ * of 100,000 recounted its whole batch at every claim, and a batch's rate
+ * fell to a few letters a second). A threshold no count can reach
+ * (Number.MAX_SAFE_INTEGER or more: the library's rule off, the
+ * database's ceiling still holding for logins it does not trust) counts nothing.
  */
 export async function replayedWithoutApproval(
   ops: ClaimOps,
@@ -71,6 +79,8 @@ export async function replayedWithoutApproval(
   db: Pick<AnyPgDatabase, "execute"> = ops.db,
   count: "published" | "published_and_queued" = "published_and_queued",
 ): Promise<number> {
+  if (ops.approvalThreshold >= Number.MAX_SAFE_INTEGER) return 0;
+  const cap = Math.max(Math.ceil(ops.approvalThreshold), 0);
   const since = new Date(ops.clock.now() - ops.approvalWindowMs).toISOString();
   // Replays count when they happen (#21 item 4), whenever their batch was
   // made: a batch lives up to MAX_BATCH_LIFETIME, so its letters are looked
@@ -84,15 +94,17 @@ export async function replayedWithoutApproval(
             where requested_by = ${operator} and approved_by is null
               and status in ('ready', 'running', 'paused'))`;
   const result = await db.execute(sql`
-    select (select count(*)::int from core.dead_letters
+    select (select count(*)::int from (select from core.dead_letters
             where status = 'replayed' and replay_batch_id is null
-              and status_changed_by = ${operator} and status_changed_at >= ${since}::timestamptz)
-         + (select count(*)::int
+              and status_changed_by = ${operator} and status_changed_at >= ${since}::timestamptz
+            limit ${cap}) as direct)
+         + (select count(*)::int from (select
             from core.replay_batches b
             join core.dead_letters d on d.replay_batch_id = b.id and d.status = 'replayed'
             where b.requested_by = ${operator} and b.approved_by is null
               and b.created_at >= ${batchesSince}::timestamptz
-              and d.status_changed_at >= ${since}::timestamptz)
+              and d.status_changed_at >= ${since}::timestamptz
+            limit ${cap}) as batched)
          + ${queued} as n`);
   return rowsOf<{ n: number }>(result)[0]?.n ?? 0;
 }
