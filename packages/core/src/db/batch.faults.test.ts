@@ -13,7 +13,7 @@
  */
 import { sql } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
-import { jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
+import { deferredCheckOnEffects, jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
 import { useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers } from "../../test/fixtures.ts";
 import { bindConsumer } from "../consumer.ts";
@@ -225,10 +225,11 @@ describe.each(matrix)("batch faults on %s", (c) => {
   // in the retry budget, not in deferrals without end.
   for (const mode of ["concurrent", "sequential"] as const)
     test(`[${mode}] a COMMIT that outlives the budget and fails is charged like a single job's (an attempt spent), not deferred forever`, async () => {
-      await c.rows(`create or replace function batch_faults_slow_check() returns trigger language plpgsql as $$
-      begin if new.amount = 101 then perform pg_sleep(1.3); raise exception 'deferred check failed'; end if; return null; end $$`);
-      await c.rows(`create constraint trigger batch_faults_slow after insert on test_effects
-      deferrable initially deferred for each row execute function batch_faults_slow_check()`);
+      const drop = await deferredCheckOnEffects(
+        c,
+        "batch_faults_slow_check",
+        "if new.amount = 101 then perform pg_sleep(1.3); raise exception 'deferred check failed'; end if;",
+      );
       try {
         const definition = consumer(
           async (data, { tx, envelope }) => {
@@ -246,7 +247,7 @@ describe.each(matrix)("batch faults on %s", (c) => {
         expect(await effectsOf(batch)).toMatchObject({ fences: 0 });
         expect(rounds.flat()).toContainEqual(["retry", true]);
       } finally {
-        await c.rows("drop trigger if exists batch_faults_slow on test_effects");
+        await drop();
       }
     }, 20_000);
 });

@@ -12,7 +12,7 @@
  */
 import { sql } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
-import { job, jobs, outcomeAndAttempt, together } from "../../test/batches.ts";
+import { deferredCheckOnEffects, job, jobs, outcomeAndAttempt, together } from "../../test/batches.ts";
 import { recordCommitModes } from "../../test/commit-modes.ts";
 import { useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers } from "../../test/fixtures.ts";
@@ -71,11 +71,11 @@ describe.each(matrix)("on %s", (c) => {
 
   for (const concurrent of [false, true])
     test(`a batch (${concurrent ? "concurrent" : "sequential"}) in which one job breaks a deferred constraint: no other job is charged for it; alone next time, in any process, the one that broke it is`, async () => {
-      await c.rows(`create or replace function inside_deferred_check() returns trigger language plpgsql as $$
-      begin if new.amount = 702 then raise exception 'amount 702 refused at commit' using errcode = '23514'; end if; return null; end $$`);
-      await c.rows(`drop trigger if exists inside_deferred_check on test_effects`);
-      await c.rows(`create constraint trigger inside_deferred_check after insert on test_effects
-      deferrable initially deferred for each row execute function inside_deferred_check()`);
+      const drop = await deferredCheckOnEffects(
+        c,
+        "inside_deferred_check",
+        "if new.amount = 702 then raise exception 'amount 702 refused at commit' using errcode = '23514'; end if;",
+      );
       try {
         const definition = consumer(
           async (data, { tx, envelope }) => {
@@ -112,7 +112,7 @@ describe.each(matrix)("on %s", (c) => {
         );
         expect(row).toEqual({ effects: 3, fences: 3 });
       } finally {
-        await c.rows("drop trigger if exists inside_deferred_check on test_effects");
+        await drop();
       }
     });
 });
