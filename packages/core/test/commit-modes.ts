@@ -10,7 +10,7 @@ import type { DriverCase } from "./drivers.ts";
  * a row of its own), which runs inside COMMIT itself, after every statement
  * sent before it, and records.
  */
-export async function recordCommitModes(c: DriverCase) {
+export async function recordCommitModes(c: Pick<DriverCase, "rows">) {
   await c.rows(`create table if not exists test_commit_modes (seq serial, tbl text, mode text)`);
   await c.rows(`create table if not exists test_commit_probes (tbl text)`);
   await c.rows(`truncate test_commit_modes`);

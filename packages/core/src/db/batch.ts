@@ -343,7 +343,7 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
       });
     }
     try {
-      await commitWork(conn, deadline, timeoutMs, xid, end, run.openings.durable);
+      await commitWork(conn, deadline, timeoutMs, xid, end);
     } catch (error) {
       if (error instanceof RolledBackAtCommitError) {
         // Nothing committed: a statement a handler did not await failed
@@ -497,7 +497,7 @@ async function runConcurrently(
     const consumer = (jobs[0] as Job).target.consumer;
     try {
       if (unfence.length > 0) await within(run, conn.query({ text: UNFENCE_SQL, params: [unfence, consumer] }), end);
-      await commitWork(conn, deadline, timeoutMs, xid, end, run.openings.durable);
+      await commitWork(conn, deadline, timeoutMs, xid, end);
     } catch (error) {
       if (error instanceof RolledBackAtCommitError) {
         // COMMIT answered ROLLBACK: a statement a handler did not await failed

@@ -1,26 +1,29 @@
 import { useTestDatabase } from "@softcrum/testing";
+import { sql as dsql } from "drizzle-orm";
+import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
-import { afterAll, describe, expect, test } from "vitest";
-import { durableCommit, LOOKED_UP_DURABLE_COMMIT } from "./commit.ts";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { recordCommitModes } from "../../test/commit-modes.ts";
+import { createEffectsTable, effects, silentLogger, testConsumers } from "../../test/fixtures.ts";
+import { bindConsumer } from "../consumer.ts";
+import { createEnvelope } from "../envelope.ts";
+import { BEFORE_COMMIT_SQL, OPEN_XID_SQL } from "./commit.ts";
 
 const db = useTestDatabase("durable-commit");
-const pools = new Map<string, postgres.Sql>();
-afterAll(() => Promise.all([...pools.values()].map((pool) => pool.end())));
+const pools: postgres.Sql[] = [];
+afterAll(() => Promise.all(pools.map((pool) => pool.end())));
 
 /** A pool whose sessions' own synchronous_commit is `session` (a startup parameter, as a role or database default would be). */
 function poolWith(session: string): postgres.Sql {
-  let pool = pools.get(session);
-  if (pool === undefined) {
-    pool = postgres(db.url, { max: 1, onnotice: () => {}, connection: { synchronous_commit: session } });
-    pools.set(session, pool);
-  }
+  const pool = postgres(db.url, { max: 1, onnotice: () => {}, connection: { synchronous_commit: session } });
+  pools.push(pool);
   return pool;
 }
 
 /**
- * What synchronous_commit a COMMIT runs with after the durable commit's
- * statements, in a session whose own value is `session` and a transaction
- * that set it to `local` (off, as a handler may).
+ * The synchronous_commit a COMMIT runs with after `statements`, in a session
+ * whose own value is `session` and a transaction that set it to `local`
+ * (off, as a handler may).
  */
 async function modeAfter(statements: string, session: string, local = "off"): Promise<string> {
   const rows = await poolWith(session).begin(async (tx) => {
@@ -31,34 +34,69 @@ async function modeAfter(statements: string, session: string, local = "off"): Pr
   return rows[0]?.synchronous_commit ?? "none";
 }
 
-describe("the durable commit's target, learned once per pool", () => {
+describe("the durable commit's statements turn a transaction's off into the session's own setting", () => {
   test.each([
     ["on", "on"],
     ["remote_apply", "remote_apply"],
+    ["remote_write", "remote_write"],
     ["local", "local"],
     // A session whose own value is off: the commit still flushes locally.
     ["off", "local"],
-    // A value this version does not know is not trusted to be durable.
-    ["fsync", "local"],
-  ])("a pool that learned %s turns a transaction's off into %s", async (learned, expected) => {
-    const statements = durableCommit(learned).beforeCommit;
-    expect(await modeAfter(statements, "on")).toBe(expected);
-  });
-
-  test("a value learned before the session's own changed (a reload, a role default) is still durable: the pool's on is what a session whose value is now off commits with", async () => {
-    expect(await modeAfter(durableCommit("on").beforeCommit, "off")).toBe("on");
-  });
-
-  test("a pool that has not learned the value looks the session's own up on the server", async () => {
-    expect(await modeAfter(LOOKED_UP_DURABLE_COMMIT.beforeCommit, "on")).toBe("on");
-    expect(await modeAfter(durableCommit(undefined).beforeCommit, "off")).toBe("local");
+  ])("a session whose own value is %s: %s", async (session, expected) => {
+    expect(await modeAfter(BEFORE_COMMIT_SQL, session)).toBe(expected);
+    // The commit check of a driver that proves by transaction id does the same.
+    expect(await modeAfter(OPEN_XID_SQL, session)).toBe(expected);
   });
 
   test("a setting stricter than off is left as the transaction set it", async () => {
-    expect(await modeAfter(durableCommit("on").beforeCommit, "on", "remote_write")).toBe("remote_write");
+    expect(await modeAfter(BEFORE_COMMIT_SQL, "on", "remote_write")).toBe("remote_write");
+    expect(await modeAfter(BEFORE_COMMIT_SQL, "local", "remote_apply")).toBe("remote_apply");
   });
+});
 
-  test("the commit check of a driver that proves by transaction id makes the same change", async () => {
-    expect(await modeAfter(durableCommit("remote_apply").openXid, "on")).toBe("remote_apply");
+describe("the session's own setting is read at COMMIT, not remembered by the pool", () => {
+  const POOL = "softcrum_durable_commit_pool";
+  const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+  const name = () => new URL(db.url).pathname.slice(1);
+  beforeAll(() => createEffectsTable(db.sql));
+  afterAll(() => db.sql.unsafe(`alter database "${name()}" reset synchronous_commit`));
+
+  test("a database default changed after the pool's first job: a handler's off becomes the new default on the pool's next connection", async () => {
+    // Its connection closes once idle, so the next job gets a new session.
+    const pool = postgres(db.url, {
+      max: 1,
+      idle_timeout: 0.2,
+      onnotice: () => {},
+      connection: { application_name: POOL },
+    });
+    pools.push(pool);
+    const definition = testConsumers("durable")(async (data, { tx, envelope }) => {
+      await tx.execute(dsql`set local synchronous_commit = off`);
+      await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
+    });
+    const bound = bindConsumer(definition, { db: drizzle({ client: pool }), logger: silentLogger });
+    const deliver = async (n: number) =>
+      (
+        await bound.deliver({
+          body: JSON.stringify(createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } })),
+          deliveryCount: 1,
+        })
+      ).outcome;
+    const recorder = await recordCommitModes({ rows: (text, params) => db.sql.unsafe(text, params as never[]) });
+    try {
+      expect(await deliver(1)).toBe("success");
+      await db.sql.unsafe(`alter database "${name()}" set synchronous_commit = remote_apply`);
+      // The pool's connection ends (closed by the pool itself: gone from the
+      // server); its next one starts with the new default.
+      while ((await db.sql`select 1 from pg_stat_activity where application_name = ${POOL}`).length > 0)
+        await sleep(50);
+      expect(await deliver(2)).toBe("success");
+      expect(await recorder.modes()).toEqual([
+        ["test_effects", "on"],
+        ["test_effects", "remote_apply"],
+      ]);
+    } finally {
+      await recorder.drop();
+    }
   });
 });

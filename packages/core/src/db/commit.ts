@@ -30,47 +30,23 @@ import type { Deadline } from "./work-transaction.ts";
  * Written out here, not as a function of the schema, so consumers keep
  * working on a schema migrations are still bringing up; every name and
  * operator qualified, so a handler's search_path cannot shadow them;
- * set_config runs only when the setting is off.
- *
- * The target is the session's own setting, read once per pool with the
- * session's bounds (`Openings`, as `durableCommit(reset value)`), and sent as
- * a constant: looking it up in pg_show_all_settings() on every COMMIT cost
- * the server about 50 µs per transaction, a fifth of its work for a one-row
- * job. A value read before a configuration reload is still durable (any
- * value but off is); a pool whose session value is unknown, or off, uses
- * the look-up, or `local`.
+ * set_config runs only when the setting is off. A NULL value makes
+ * set_config a RESET for the transaction (`SET LOCAL … TO DEFAULT`; guc.c's
+ * "NULL for a reset request"): the session's own value as the server holds
+ * it now, after any reload or role or database default, with nothing to
+ * look up. It replaced a look-up in pg_show_all_settings() whose planning
+ * cost the server about 50 µs per COMMIT, a fifth of its work for a
+ * one-row job. If the session's own value is off too, local.
  */
 const SETTLE_SQL = "set constraints all immediate; close all";
-const SESSION_DURABLE_SQL = `pg_catalog.set_config('synchronous_commit', coalesce((select s.reset_val from pg_catalog.pg_show_all_settings() s
-    where s.name operator(pg_catalog.=) 'synchronous_commit' and s.reset_val operator(pg_catalog.<>) 'off'), 'local'), true)`;
+const DURABLE_COMMIT_SQL = `case when pg_catalog.current_setting('synchronous_commit') operator(pg_catalog.=) 'off'
+  then case when pg_catalog.set_config('synchronous_commit', null, true) operator(pg_catalog.=) 'off'
+    then pg_catalog.set_config('synchronous_commit', 'local', true) end end`;
+/** Where the status proves the commit: sent in COMMIT's own simple-protocol message, before it (no statement or round trip of its own). */
+export const BEFORE_COMMIT_SQL = `${SETTLE_SQL}; select ${DURABLE_COMMIT_SQL}`;
 /** Where the transaction id proves it: in the commit check, after the settling statements (sent one by one: PGlite takes one per query). */
 const SETTLE: readonly Statement[] = [{ text: "set constraints all immediate" }, { text: "close all" }];
-/** The values of synchronous_commit that make a COMMIT wait for its WAL to be flushed (all but off). */
-const DURABLE_SETTINGS: ReadonlySet<string> = new Set(["local", "on", "remote_write", "remote_apply"]);
-
-/** The statements that make a work transaction's COMMIT durable (see above). */
-export interface DurableCommit {
-  /** Where the status proves the commit: sent in COMMIT's own simple-protocol message, before it (no statement or round trip of its own). */
-  readonly beforeCommit: string;
-  /** Where the transaction id proves it: the commit check, which also makes the commit durable. */
-  readonly openXid: string;
-}
-
-/** The durable commit for a session whose own synchronous_commit (its reset value) is `sessionSetting`; undefined: not known. */
-export function durableCommit(sessionSetting?: unknown): DurableCommit {
-  const target =
-    typeof sessionSetting !== "string"
-      ? SESSION_DURABLE_SQL
-      : `pg_catalog.set_config('synchronous_commit', '${DURABLE_SETTINGS.has(sessionSetting) ? sessionSetting : "local"}', true)`;
-  const durable = `case when pg_catalog.current_setting('synchronous_commit') operator(pg_catalog.=) 'off' then ${target} end`;
-  return {
-    beforeCommit: `${SETTLE_SQL}; select ${durable}`,
-    openXid: `select pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text as xid, ${durable}`,
-  };
-}
-
-/** For a pool whose session setting is not known yet: looked up on the server. */
-export const LOOKED_UP_DURABLE_COMMIT = durableCommit();
+export const OPEN_XID_SQL = `select pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text as xid, ${DURABLE_COMMIT_SQL}`;
 
 /** How long ROLLBACK may take before the connection is destroyed instead. */
 export const ROLLBACK_WAIT_MS = 5_000;
@@ -96,7 +72,6 @@ export async function commitWork(
   timeoutMs: number,
   fenceXid: unknown,
   end: RunEnd,
-  durable: DurableCommit = LOOKED_UP_DURABLE_COMMIT,
 ): Promise<void> {
   if (conn.provesByStatus) {
     // The patched reservation refuses to send once its socket closed (no
@@ -123,7 +98,7 @@ export async function commitWork(
     let open: Answer;
     try {
       for (const statement of SETTLE) await deadline.within(conn.query(statement), unanswered);
-      open = await deadline.within(conn.query({ text: durable.openXid }), unanswered);
+      open = await deadline.within(conn.query({ text: OPEN_XID_SQL }), unanswered);
     } catch (error) {
       // The server refused a statement (a deferred constraint the work
       // broke, fired by SET CONSTRAINTS; 25P02): the transaction is aborted
@@ -141,7 +116,7 @@ export async function commitWork(
   end.commitSent = true;
   try {
     committed = await deadline.within(
-      conn.commit(conn.provesByStatus ? durable.beforeCommit : undefined),
+      conn.commit(conn.provesByStatus ? BEFORE_COMMIT_SQL : undefined),
       () => new UnprovenCommitError(`no answer to COMMIT within ${timeoutMs} ms`),
     );
   } catch (error) {

@@ -40,15 +40,7 @@
 import { sql } from "drizzle-orm";
 import { PgTransaction } from "drizzle-orm/pg-core";
 import { InvalidConfigError } from "../errors.ts";
-import {
-  commitWork,
-  type DurableCommit,
-  durableCommit,
-  finish,
-  LOOKED_UP_DURABLE_COMMIT,
-  ROLLBACK_WAIT_MS,
-  type RunEnd,
-} from "./commit.ts";
+import { commitWork, finish, ROLLBACK_WAIT_MS, type RunEnd } from "./commit.ts";
 import { type Answer, type Driver, type DriverConnection, Gate, type Opening, type Statement } from "./driver.ts";
 import { nodePostgresDriver } from "./drivers/node-postgres.ts";
 import { pgliteDriver } from "./drivers/pglite.ts";
@@ -190,19 +182,11 @@ const FENCE_XID_SQL = `insert into core.processed_jobs (job_id, consumer, proces
  * and every later run sends its bounds as `set local` in BEGIN's own
  * simple-protocol message: no planning and no round trip of their own (a
  * statement of its own per job cost about a tenth of the harness's rate).
- * The same first run reads the session's own synchronous_commit, the target
- * of every later durable commit (`durableCommit`).
  */
 export class Openings {
   /** The session's own bounds in ms (0: none), once a run has read them. */
   #session: { readonly statement: number; readonly idle: number } | undefined;
   #last: { readonly timeoutMs: number; readonly opening: Opening } | undefined;
-  #durable: DurableCommit = LOOKED_UP_DURABLE_COMMIT;
-
-  /** How this pool's work transactions make their COMMIT durable. */
-  get durable(): DurableCommit {
-    return this.#durable;
-  }
 
   /** The opening for a run with this `timeoutMs`, or undefined while the session's bounds are unknown. */
   for(timeoutMs: number): Opening | undefined {
@@ -225,8 +209,6 @@ export class Openings {
     const statement = Number(row?.["session_statement_ms"]);
     const idle = Number(row?.["session_idle_ms"]);
     if (Number.isFinite(statement) && Number.isFinite(idle)) this.#session = { statement, idle };
-    const synchronousCommit = row?.["session_synchronous_commit"];
-    if (typeof synchronousCommit === "string") this.#durable = durableCommit(synchronousCommit);
   }
 }
 
@@ -242,8 +224,7 @@ function tighter(ms: number, sessionMs: number): number {
 /** The first run's bounds, set on the server from the session's own (see Openings), which it also returns. */
 const BOUNDS_SQL = `select set_config('statement_timeout', (case when s > 0 and s < $1 then ceil(s) else $1 end)::bigint || 'ms', true),
   set_config('idle_in_transaction_session_timeout', (case when i > 0 and i < $1 then ceil(i) else $1 end)::bigint || 'ms', true),
-  s as session_statement_ms, i as session_idle_ms,
-  (select reset_val from pg_catalog.pg_settings where name = 'synchronous_commit') as session_synchronous_commit
+  s as session_statement_ms, i as session_idle_ms
   from (select extract(epoch from current_setting('statement_timeout')::interval) * 1000 as s,
     extract(epoch from current_setting('idle_in_transaction_session_timeout')::interval) * 1000 as i) as session_ms`;
 
@@ -437,7 +418,7 @@ export async function runOn(
     // after our COMMIT/ROLLBACK outside the transaction.
     const gate = new Gate();
     await runHandler(driver, conn, gate, deadline, timeoutMs, work, end);
-    await commitWork(conn, deadline, timeoutMs, fence.xid, end, openings.durable);
+    await commitWork(conn, deadline, timeoutMs, fence.xid, end);
     return { status: "committed" };
   } finally {
     await finish(conn, end.state);
