@@ -49,8 +49,21 @@ describe("the durable commit's statements turn a transaction's off into the sess
   });
 
   test("a setting stricter than off is left as the transaction set it", async () => {
-    expect(await modeAfter(BEFORE_COMMIT_SQL, "on", "remote_write")).toBe("remote_write");
-    expect(await modeAfter(BEFORE_COMMIT_SQL, "local", "remote_apply")).toBe("remote_apply");
+    for (const statements of [BEFORE_COMMIT_SQL, OPEN_XID_SQL]) {
+      expect(await modeAfter(statements, "on", "remote_write")).toBe("remote_write");
+      expect(await modeAfter(statements, "local", "remote_apply")).toBe("remote_apply");
+    }
+  });
+
+  test("the value is the transaction's own, not a reset one that keeps the configuration as its source: a reload between the commit check and COMMIT (separate messages where the transaction id proves the commit) cannot replace it", async () => {
+    const rows = await poolWith("on").begin(async (tx) => {
+      await tx.unsafe("set local synchronous_commit = off");
+      await tx.unsafe(OPEN_XID_SQL);
+      return tx.unsafe<{ setting: string; source: string }[]>(
+        "select setting, source from pg_settings where name = 'synchronous_commit'",
+      );
+    });
+    expect(rows[0]).toEqual({ setting: "on", source: "session" });
   });
 });
 

@@ -32,16 +32,22 @@ import type { Deadline } from "./work-transaction.ts";
  * operator qualified, so a handler's search_path cannot shadow them;
  * set_config runs only when the setting is off. A NULL value makes
  * set_config a RESET for the transaction (`SET LOCAL … TO DEFAULT`; guc.c's
- * "NULL for a reset request"): the session's own value as the server holds
- * it now, after any reload or role or database default, with nothing to
- * look up. It replaced a look-up in pg_show_all_settings() whose planning
- * cost the server about 50 µs per COMMIT, a fifth of its work for a
- * one-row job. If the session's own value is off too, local.
+ * "NULL for a reset request"): the session's own value (its reset value:
+ * the configuration's, the role's or database's as the session started, or
+ * its connection's) as the server holds it now, with nothing to look up. It
+ * replaced a look-up in pg_show_all_settings() whose planning cost the
+ * server about 50 µs per COMMIT, a fifth of its work for a one-row job.
+ * That value (local if it is off too) is then set again explicitly: a reset
+ * value keeps the configuration file as its source, and a reload the server
+ * applies between the commit check and COMMIT (separate messages where the
+ * transaction id proves the commit) would replace it; one set explicitly is
+ * the transaction's own, and a reload leaves it.
  */
 const SETTLE_SQL = "set constraints all immediate; close all";
 const DURABLE_COMMIT_SQL = `case when pg_catalog.current_setting('synchronous_commit') operator(pg_catalog.=) 'off'
-  then case when pg_catalog.set_config('synchronous_commit', null, true) operator(pg_catalog.=) 'off'
-    then pg_catalog.set_config('synchronous_commit', 'local', true) end end`;
+  then pg_catalog.set_config('synchronous_commit',
+    case when pg_catalog.set_config('synchronous_commit', null, true) operator(pg_catalog.=) 'off' then 'local'
+      else pg_catalog.current_setting('synchronous_commit') end, true) end`;
 /** Where the status proves the commit: sent in COMMIT's own simple-protocol message, before it (no statement or round trip of its own). */
 export const BEFORE_COMMIT_SQL = `${SETTLE_SQL}; select ${DURABLE_COMMIT_SQL}`;
 /** Where the transaction id proves it: in the commit check, after the settling statements (sent one by one: PGlite takes one per query). */
