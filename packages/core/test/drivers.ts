@@ -170,3 +170,15 @@ function withoutThePatch(client: postgres.Sql): void {
     },
   });
 }
+
+/** Waits until some backend of the case's database is blocked on a lock. */
+export async function someoneWaitsOnALock(c: DriverCase): Promise<void> {
+  for (let i = 0; i < 500; i++) {
+    const [row] = await c.rows<{ n: number }>(
+      "select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'",
+    );
+    if ((row?.n ?? 0) > 0) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error("no session ever waited on a lock");
+}

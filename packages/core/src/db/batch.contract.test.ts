@@ -8,8 +8,9 @@ import { sql } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
 import { jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
 import { recordCommitModes } from "../../test/commit-modes.ts";
-import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
+import { type DriverCase, someoneWaitsOnALock, useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
+import { heldLetterDecision } from "../../test/held-decision.ts";
 import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
 import type { Envelope } from "../envelope.ts";
 import { PermanentError, RateLimitedError } from "../errors.ts";
@@ -318,6 +319,20 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
     expect(await stateOf(c, [lettered])).toEqual({ effects: 0, fences: 0, letters: 1, transactions: 0 });
   });
 
+  test("a session whose session_replication_role is replica (no trigger keeps the pending letters' keys): no batch runs — every job deferred, no attempt spent, nothing written", async () => {
+    const { definition, runs } = batched();
+    const batch = jobs(4);
+    const replica = bindConsumer(definition, {
+      db: c.db(1, { session_replication_role: "replica" }),
+      logger: silentLogger,
+    });
+    const results = await together(replica, batch);
+    expect(results.map(outcomeAndAttempt)).toEqual(Array(4).fill(["deferred", false]));
+    expect(results[0]).toMatchObject({ error: expect.stringMatching(/session_replication_role is replica/) });
+    expect(runs).toEqual([]);
+    expect(await stateOf(c, batch)).toMatchObject({ effects: 0, fences: 0, letters: 0 });
+  });
+
   const charged = (r: DeliveryResult | undefined) =>
     r !== undefined && "spendsAttempt" in r && r.spendsAttempt === true;
 
@@ -384,6 +399,23 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
       expect(results.map((r) => r.outcome)).toEqual(Array(16).fill("success"));
       expect(overlaps).toBe(0);
       expect(await stateOf(c, batch)).toMatchObject({ effects: 16, fences: 16 });
+    });
+
+    test("a batch whose fence insert waits on a dead-letter decision in flight for one of its jobs sees the letter it commits: that job never runs and leaves no fence, the others commit", async () => {
+      const { definition, runs } = batched();
+      const batch = jobs(4);
+      const lettered = batch[2] as Envelope;
+      const { decision, release } = await heldLetterDecision(c.db(1), lettered, definition);
+      const delivered = together(bindConsumer(definition, { db: c.db(1), logger: silentLogger }), batch);
+      await someoneWaitsOnALock(c);
+      release();
+      expect(await decision).toMatchObject({ status: "written" });
+      const results = await delivered;
+      expect(results.map((r) => r.outcome)).toEqual(["success", "success", "dead_lettered", "success"]);
+      expect(results[2]).toMatchObject({ errorClass: "exhausted" });
+      expect(runs).not.toContain(3);
+      expect(await stateOf(c, [lettered])).toEqual({ effects: 0, fences: 0, letters: 1, transactions: 0 });
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 3, fences: 3, transactions: 1 });
     });
 
     test("a backend terminated mid-batch: no job is a success, nothing lands, and redelivered each applies once", async () => {

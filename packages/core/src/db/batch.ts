@@ -189,14 +189,34 @@ const LOCKS_SQL = `select count(pg_advisory_xact_lock(h)) as locked from
   (select distinct hashtextextended(k, 0) as h from unnest($1::text[]) as k order by h) as keys`;
 /**
  * The batch's fences, inserted in job-id order (no two batches wait on each
- * other's rows in a cycle), each new row with its pending letter, as
- * FENCE_SQL does for one (`work-transaction.ts`).
+ * other's rows in a cycle). A new row's job has no effect yet, but may have
+ * a pending dead letter: LETTERS_SQL below.
  */
 const FENCES = `insert into core.processed_jobs (job_id, consumer, processed_at)
   select j, $2, clock_timestamp() from unnest($1::uuid[]) as j order by j
-  on conflict do nothing returning job_id::text as job_id, core.pending_letter(job_id, consumer) as detail`;
+  on conflict do nothing returning job_id::text as job_id`;
 const FENCES_SQL = FENCES;
 const FENCES_XID_SQL = `${FENCES}, pg_current_xact_id()::text as xid`;
+/**
+ * The pending dead letters of the batch's jobs, the check FENCE_SQL's
+ * `core.pending_letter` makes for one job (`work-transaction.ts`), made once
+ * for the batch: a statement of its own, sent in the same round trip right
+ * after the fences' insert, so under READ COMMITTED (pinned) its snapshot is
+ * taken after the insert is done waiting for every fence key — later than
+ * the function's, which sees each row's letter right after that row — and
+ * sees a letter a dead-letter decision committed while it held a key. FOR
+ * SHARE waits for a replay changing a letter's status right now. Per row,
+ * the function cost the server about 7 µs (two statements in PL/pgSQL); this
+ * is one index scan. `core.pending_letter_keys_kept()` is a one-time filter,
+ * so it refuses a replica-role session even when no letter matches. A job
+ * whose fence was already there (a duplicate) has no pending letter — a
+ * letter and a committed fence never stand side by side — and its row, if
+ * any, is ignored.
+ */
+const LETTERS_SQL = `select job_id, dead_letter_id::text || ' ' || error_class as detail
+  from core.pending_letter_keys
+  where core.pending_letter_keys_kept() and consumer = $2 and job_id = any($1::uuid[]::text[])
+  for share`;
 /** The fences of the batch's jobs that do not commit. */
 const UNFENCE_SQL = "delete from core.processed_jobs where consumer = $2 and job_id = any($1::uuid[])";
 /**
@@ -388,23 +408,25 @@ async function openBatch(run: Run, jobs: readonly Job[], settled: Settled[], end
   const keys = [...new Set(jobs.flatMap((j) => (j.target.lockKey === undefined ? [] : [j.target.lockKey])))];
   const statements: Statement[] = [];
   if (keys.length > 0) statements.push({ text: LOCKS_SQL, params: [keys] });
-  statements.push({
-    text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL,
-    params: [jobs.map((j) => j.id), (jobs[0] as Job).target.consumer],
-  });
-  const rows = await openWork(conn, openings, deadline, timeoutMs, statements, end);
+  const params = [jobs.map((j) => j.id), (jobs[0] as Job).target.consumer];
+  statements.push({ text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL, params });
+  statements.push({ text: LETTERS_SQL, params });
+  const [rows = [], letterRows = []] = (await openWork(conn, openings, deadline, timeoutMs, statements, end)).slice(-2);
   const fences = new Map<string, Answer[number]>();
   for (const row of rows) fences.set(String(row["job_id"]), row);
+  const letters = new Map<string, unknown>();
+  for (const row of letterRows) letters.set(String(row["job_id"]), row["detail"]);
   let xid: unknown;
   const unfence: string[] = [];
   const toRun: number[] = [];
   jobs.forEach((job, i) => {
     const fence = fences.get(job.id);
+    const letter = letters.get(job.id);
     if (fence === undefined) {
       settled[i] = { ok: true, outcome: { status: "duplicate" } };
-    } else if (typeof fence["detail"] === "string") {
+    } else if (typeof letter === "string") {
       // A pending letter: the handler does not run, and the fence row goes.
-      settled[i] = { ok: true, outcome: letterOutcome(fence["detail"]) };
+      settled[i] = { ok: true, outcome: letterOutcome(letter) };
       unfence.push(job.id);
     } else {
       xid = fence["xid"];

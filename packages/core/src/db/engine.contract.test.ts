@@ -9,8 +9,9 @@
 import { sql } from "drizzle-orm";
 import { afterEach, describe, expect, test } from "vitest";
 import { recordCommitModes } from "../../test/commit-modes.ts";
-import { type DriverCase, useDriverMatrix } from "../../test/drivers.ts";
+import { type DriverCase, someoneWaitsOnALock, useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
+import { heldLetterDecision } from "../../test/held-decision.ts";
 import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
 import { PermanentError, RateLimitedError } from "../errors.ts";
@@ -57,18 +58,6 @@ async function holdTheOnlyConnection(db: ReturnType<DriverCase["db"]>) {
   });
   await sleep(50);
   return { release: () => release(), busy };
-}
-
-/** Waits until some backend of the case's database is blocked on a lock. */
-async function someoneWaitsOnALock(c: DriverCase) {
-  for (let i = 0; i < 500; i++) {
-    const [row] = await c.rows<{ n: number }>(
-      "select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'",
-    );
-    if ((row?.n ?? 0) > 0) return;
-    await sleep(10);
-  }
-  throw new Error("no session ever waited on a lock");
 }
 
 describe.each(matrix)("on %s", (c) => {
@@ -518,21 +507,7 @@ describe.each(matrix)("on %s", (c) => {
       test("a delivery whose fence insert waits on a dead-letter decision in flight sees the letter it commits: the handler never runs, nothing commits", async () => {
         const { definition, counter } = counting();
         const e = job(14);
-        let release = () => {};
-        const held = new Promise<void>((r) => {
-          release = r;
-        });
-        let holding = () => {};
-        const isHolding = new Promise<void>((r) => {
-          holding = r;
-        });
-        const decision = decideDeadLetter(c.db(1), { jobId: e.job_id, consumer: definition.name }, async (tx) => {
-          await tx.execute(sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
-          values (gen_random_uuid(), ${e.job_id}, ${definition.queue}, ${definition.name}, ${body(e)}, 5, 'the earlier attempts failed', 'exhausted')`);
-          holding();
-          await held;
-        });
-        await isHolding;
+        const { decision, release } = await heldLetterDecision(c.db(1), e, definition);
         const delivery = bindConsumer(definition, { db: c.db(1), logger: silentLogger }).deliver({
           body: body(e),
           deliveryCount: 1,

@@ -404,7 +404,7 @@ export async function runOn(
     });
     const fence: { detail?: unknown; xid?: unknown } | undefined = (
       await openWork(conn, openings, deadline, timeoutMs, statements, end)
-    )[0];
+    ).at(-1)?.[0];
     // A pending letter: nothing runs, the fence (if written) is rolled back.
     if (typeof fence?.detail === "string") return letterOutcome(fence.detail);
     if (fence === undefined) return { status: "duplicate" };
@@ -429,7 +429,7 @@ export async function runOn(
  * Opens the work transaction on `conn` — BEGIN at the harness's isolation
  * level with its bounds (the first run of a pool reads the session's own),
  * then `statements` (the ordering lock, the fence), pipelined where the
- * driver can — and returns the last statement's answer (the fence's rows).
+ * driver can — and returns their answers, in their order.
  * Bounded like the handler: a lock held elsewhere (the ordering key, the
  * fence key of a copy still running) or a wedged connection must not hold
  * the delivery forever. Past the bound the connection's state is unknown (a
@@ -443,7 +443,7 @@ export async function openWork(
   timeoutMs: number,
   statements: readonly Statement[],
   end: RunEnd,
-): Promise<Answer> {
+): Promise<Answer[]> {
   try {
     const opening = openings.for(timeoutMs);
     const all =
@@ -454,9 +454,11 @@ export async function openWork(
     });
     for (const s of settled) if (s.status === "rejected") throw s.reason;
     if (opening === undefined) openings.learn((settled[1] as PromiseFulfilledResult<Answer> | undefined)?.value);
-    const last = settled[settled.length - 1];
-    if (last?.status !== "fulfilled") throw new Error("the fence insert did not answer");
-    return last.value;
+    // One answer per statement, after the opening's own (and the bounds' read).
+    return settled.slice(settled.length - statements.length).map((s) => {
+      if (s.status !== "fulfilled") throw new Error("a statement of the opening did not answer");
+      return s.value;
+    });
   } catch (error) {
     if (error instanceof StartTimeoutError) end.state = "destroy"; // already destroyed: nothing to roll back
     throw new WorkNotStartedError(error);
