@@ -208,15 +208,19 @@ const FENCES_XID_SQL = `${FENCES}, pg_current_xact_id()::text as xid`;
  * SHARE waits for a replay changing a letter's status right now. Per row,
  * the function cost the server about 7 µs (two statements in PL/pgSQL); this
  * is one index scan. `core.pending_letter_keys_kept()` is a one-time filter,
- * so it refuses a replica-role session even when no letter matches. A job
- * whose fence was already there (a duplicate) has no pending letter — a
- * letter and a committed fence never stand side by side — and its row, if
- * any, is ignored.
+ * so it refuses a replica-role session even when no letter matches (a
+ * batch of duplicates only is then deferred too; alone, it is acknowledged).
+ * Only the keys of fences this transaction inserted are read and locked: a
+ * duplicate can have a pending poison letter (written without the fence
+ * key), and locking its key until COMMIT would make a discard wait on the
+ * batch, or deadlock with a bulk discard.
  */
-const LETTERS_SQL = `select job_id, dead_letter_id::text || ' ' || error_class as detail
-  from core.pending_letter_keys
-  where core.pending_letter_keys_kept() and consumer = $2 and job_id = any($1::uuid[]::text[])
-  for share`;
+const LETTERS_SQL = `select k.job_id, k.dead_letter_id::text || ' ' || k.error_class as detail
+  from core.pending_letter_keys k
+  where core.pending_letter_keys_kept() and k.consumer = $2 and k.job_id = any($1::uuid[]::text[])
+    and exists (select from core.processed_jobs p
+      where p.job_id = k.job_id::uuid and p.consumer = k.consumer and p.xmin = pg_current_xact_id_if_assigned()::xid)
+  for share of k`;
 /** The fences of the batch's jobs that do not commit. */
 const UNFENCE_SQL = "delete from core.processed_jobs where consumer = $2 and job_id = any($1::uuid[])";
 /**
