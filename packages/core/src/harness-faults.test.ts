@@ -12,6 +12,7 @@ import pgDriver from "pg";
 import postgres from "postgres";
 import { afterAll, describe, expect, test } from "vitest";
 import { effects, silentLogger, testConsumers, type testJobSchema, useEffectsDatabase } from "../test/fixtures.ts";
+import { latch } from "../test/latch.ts";
 import { createMemoryQueue } from "./adapters/memory/index.ts";
 import { createManualClock } from "./clock.ts";
 import { bindConsumer, type ConsumerDefinition } from "./consumer.ts";
@@ -196,23 +197,17 @@ describe("a success proves its commit (#8 item 2)", () => {
 describe("the dead-letter decision is serialised with the work (#8 item 3)", () => {
   /** A consumer whose handler, on attempt 5, waits for the test before finishing. */
   function gated(outcome: "commit" | "fail") {
-    let reached!: () => void;
-    const inside = new Promise<void>((r) => {
-      reached = r;
-    });
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
+    const inside = latch();
+    const gate = latch();
     const definition = consumer(async (data, { tx, envelope, attempt }) => {
       await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
       if (attempt === 5) {
-        reached();
-        await gate;
+        inside.open();
+        await gate.opened;
         if (outcome === "fail") throw new Error("attempt 5 failed too");
       }
     });
-    return { definition, inside, release };
+    return { definition, inside: inside.opened, release: gate.open };
   }
 
   /** Waits until some backend of the test database is blocked on a lock. */

@@ -3,6 +3,7 @@ import { sql } from "drizzle-orm";
 import type { AnyPgDatabase } from "../src/db/types.ts";
 import { decideDeadLetter } from "../src/db/work-transaction.ts";
 import type { Envelope } from "../src/envelope.ts";
+import { latch } from "./latch.ts";
 
 /**
  * A dead-letter decision of `envelope`'s job for `consumer` that has written
@@ -14,20 +15,14 @@ export async function heldLetterDecision(
   envelope: Envelope,
   consumer: { readonly name: string; readonly queue: string },
 ) {
-  let release = () => {};
-  const held = new Promise<void>((r) => {
-    release = r;
-  });
-  let holding = () => {};
-  const isHolding = new Promise<void>((r) => {
-    holding = r;
-  });
+  const held = latch();
+  const holding = latch();
   const decision = decideDeadLetter(db, { jobId: envelope.job_id, consumer: consumer.name }, async (tx) => {
     await tx.execute(sql`insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
       values (gen_random_uuid(), ${envelope.job_id}, ${consumer.queue}, ${consumer.name}, ${JSON.stringify(envelope)}, 5, 'the earlier attempts failed', 'exhausted')`);
-    holding();
-    await held;
+    holding.open();
+    await held.opened;
   });
-  await isHolding;
-  return { decision, release };
+  await holding.opened;
+  return { decision, release: held.open };
 }

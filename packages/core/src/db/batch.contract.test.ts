@@ -11,6 +11,7 @@ import { recordCommitModes } from "../../test/commit-modes.ts";
 import { type DriverCase, someoneWaitsOnALock, useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
 import { heldLetterDecision } from "../../test/held-decision.ts";
+import { latch } from "../../test/latch.ts";
 import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
 import type { Envelope } from "../envelope.ts";
 import { PermanentError, RateLimitedError } from "../errors.ts";
@@ -416,6 +417,38 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
       expect(runs).not.toContain(3);
       expect(await stateOf(c, [lettered])).toEqual({ effects: 0, fences: 0, letters: 1, transactions: 0 });
       expect(await stateOf(c, batch)).toMatchObject({ effects: 3, fences: 3, transactions: 1 });
+    });
+
+    test("a duplicate in a batch with a pending poison letter: the batch does not lock that letter's key, so its discard never waits on the batch", async () => {
+      const held = latch();
+      const inHandler = latch();
+      const { definition } = batched(async (n) => {
+        if (n !== 2) return;
+        inHandler.open();
+        await held.opened;
+      });
+      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+      const [done, fresh] = jobs(2) as [Envelope, Envelope];
+      expect(await bound.deliver({ body: JSON.stringify(done), deliveryCount: 1 })).toMatchObject({
+        outcome: "success",
+      });
+      // A copy of the done job whose payload fails the schema: a poison
+      // letter, written without the fence key, pending review.
+      const poison = JSON.stringify({ ...done, data: { n: "not a number" } });
+      expect(await bound.deliver({ body: poison, deliveryCount: 1 })).toMatchObject({ outcome: "poison" });
+      const key = "select dead_letter_id from core.pending_letter_keys where job_id = $1 and consumer = $2";
+      expect(await c.rows(key, [done.job_id, definition.name])).toHaveLength(1);
+      const delivered = together(bound, [done, fresh], 2);
+      try {
+        await inHandler.opened; // the batch is open: its fences are inserted and its letters read
+        // What a discard of that letter takes first; a lock the batch held until COMMIT would refuse it.
+        expect(await c.rows(`${key} for update nowait`, [done.job_id, definition.name])).toHaveLength(1);
+      } finally {
+        held.open();
+      }
+      const results = await delivered;
+      expect(results.map((r) => r.outcome)).toEqual(["duplicate", "success"]);
+      expect(await stateOf(c, [done, fresh])).toMatchObject({ effects: 2, fences: 2, letters: 1 });
     });
 
     test("a backend terminated mid-batch: no job is a success, nothing lands, and redelivered each applies once", async () => {

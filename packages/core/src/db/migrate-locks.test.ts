@@ -14,6 +14,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, test } from "vitest";
 import { z } from "zod";
 import { effects, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
+import { latch } from "../../test/latch.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { createEnvelope } from "../envelope.ts";
 import { migratePostgres } from "./migrate.ts";
@@ -39,14 +40,8 @@ function alterSet(name: string, table: "dead_letters" | "processed_jobs") {
 
 /** A consumer whose job `n === 0` holds its work transaction open until released; the others commit at once. */
 function liveAndLong() {
-  let release!: () => void;
-  const held = new Promise<void>((r) => {
-    release = r;
-  });
-  let inside!: () => void;
-  const running = new Promise<void>((r) => {
-    inside = r;
-  });
+  const held = latch();
+  const running = latch();
   const definition = defineConsumer({
     name: `locks.c-${Math.random().toString(36).slice(2)}`,
     queue: "locks.q",
@@ -56,8 +51,8 @@ function liveAndLong() {
     async handle(data, { tx, envelope }) {
       await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: data.n });
       if (data.n === 0) {
-        inside();
-        await held;
+        running.open();
+        await held.opened;
       }
     },
   });
@@ -67,7 +62,7 @@ function liveAndLong() {
       body: JSON.stringify(createEnvelope({ tenantId: "t", kind: "test.v1", data: { n } })),
       deliveryCount: 1,
     });
-  return { deliver, release, running };
+  return { deliver, release: held.open, running: running.opened };
 }
 
 async function migrationWaitsOnALock() {

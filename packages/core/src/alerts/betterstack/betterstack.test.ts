@@ -8,6 +8,7 @@ import { afterEach, beforeAll, beforeEach, describe, expect, test } from "vitest
 import { z } from "zod";
 import { FakeIngest } from "../../../test/fake-betterstack.ts";
 import { recordingMetrics, silentLogger } from "../../../test/fixtures.ts";
+import { latch } from "../../../test/latch.ts";
 import { type VercelHarness, vercelHarness } from "../../../test/vercel-transport.ts";
 import { toVercelTopic } from "../../adapters/vercel/index.ts";
 import { bindConsumer, defineConsumer, type HandlerContext } from "../../consumer.ts";
@@ -383,20 +384,14 @@ describe("one alert per failure mode per window across the fleet (#8 item 15)", 
 
     // The table is locked: the coalescing query hangs until the timeout, then the alert goes out anyway.
     const locker = pg.connect({ max: 1 });
-    let release = () => {};
-    const held = new Promise<void>((resolve) => {
-      release = resolve;
-    });
-    let locked = () => {};
-    const isLocked = new Promise<void>((resolve) => {
-      locked = resolve;
-    });
+    const held = latch();
+    const locked = latch();
     const lock = locker.sql.begin(async (tx) => {
       await tx`lock table core.alert_windows in access exclusive mode`;
-      locked();
-      await held;
+      locked.open();
+      await held.opened;
     });
-    await isLocked;
+    await locked.opened;
     const consumer = defineConsumer({
       name: "loyalty.award-points",
       queue: "loyalty.points",
@@ -413,7 +408,7 @@ describe("one alert per failure mode per window across the fleet (#8 item 15)", 
     expect(result).toMatchObject({ outcome: "dead_lettered" });
     await second.flush();
     expect(ingest.logs.filter((l) => l["error_class"] === "permanent")).toHaveLength(1);
-    release();
+    held.open();
     await lock;
 
     // A database that cannot be reached: sent as well.
