@@ -473,10 +473,13 @@ export class ReplayBatches {
     };
 
     try {
+      // Every state change below is awaited before its return (`return await`):
+      // a promise returned unawaited lets the finally block run first, and its
+      // recovery report read the batch as still running.
       for (;;) {
         if (halted && !stopped) {
           await drain();
-          if (halted.cause === "expired") return this.#finish(id, "expired", halted.reason, operator);
+          if (halted.cause === "expired") return await this.#finish(id, "expired", halted.reason, operator);
           return this.get(id);
         }
         if (stopped) {
@@ -492,7 +495,7 @@ export class ReplayBatches {
         }
         if (batch.expiresAt.getTime() <= clock.now()) {
           await drain();
-          return this.#finish(id, "expired", "expired before it finished", operator);
+          return await this.#finish(id, "expired", "expired before it finished", operator);
         }
         if (options.signal?.aborted) {
           await drain();
@@ -546,7 +549,7 @@ export class ReplayBatches {
           // The last check decides first: a failure rate it found still pauses the batch.
           await settleCheck();
           if (stopped) continue;
-          return this.#finish(id, "completed", null, operator);
+          return await this.#finish(id, "completed", null, operator);
         }
 
         for (const item of items.slice(0, batch.batchSize)) {
