@@ -6,7 +6,7 @@
  */
 import { sql } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
-import { jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
+import { deferredCheckOnEffects, jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
 import { recordCommitModes } from "../../test/commit-modes.ts";
 import { type DriverCase, someoneWaitsOnALock, useDriverMatrix } from "../../test/drivers.ts";
 import { effects, silentLogger, testConsumers, type testJobSchema } from "../../test/fixtures.ts";
@@ -15,7 +15,7 @@ import { latch } from "../../test/latch.ts";
 import { bindConsumer, type ConsumerDefinition } from "../consumer.ts";
 import type { Envelope } from "../envelope.ts";
 import { PermanentError, RateLimitedError } from "../errors.ts";
-import type { DeliveryResult } from "../queue-port.ts";
+import type { BoundConsumer, DeliveryResult } from "../queue-port.ts";
 
 // postgres.js without the #1208 patch has its own cases below.
 // Read committed and serializable: the engine pins its own level, and the
@@ -57,6 +57,8 @@ function batchedAs(mode: Mode) {
     return { definition, runs };
   };
 }
+
+type BatchedDefinition = ReturnType<ReturnType<typeof batchedAs>>["definition"];
 
 async function stateOf(c: DriverCase, envelopes: readonly Envelope[]) {
   const ids = envelopes.map((e) => e.job_id);
@@ -419,37 +421,148 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
       expect(await stateOf(c, batch)).toMatchObject({ effects: 3, fences: 3, transactions: 1 });
     });
 
-    test("a duplicate in a batch with a pending poison letter: the batch does not lock that letter's key, so its discard never waits on the batch", async () => {
+    // A job found with a pending letter never runs; the batch must not keep
+    // that letter's key locked while its other handlers run.
+    const withLetters = {
+      "a duplicate with a pending poison letter (written without the fence key)": {
+        async letter(bound: BoundConsumer, _definition: BatchedDefinition, job: Envelope) {
+          expect(await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).toMatchObject({
+            outcome: "success",
+          });
+          // A copy of the done job whose payload fails the schema.
+          const poison = JSON.stringify({ ...job, data: { n: "not a number" } });
+          expect(await bound.deliver({ body: poison, deliveryCount: 1 })).toMatchObject({ outcome: "poison" });
+        },
+        outcome: "duplicate",
+        effects: 2,
+      },
+      "a fresh copy of a dead-lettered job (the letter under the fence key)": {
+        async letter(_bound: BoundConsumer, definition: BatchedDefinition, job: Envelope) {
+          const failing = bindConsumer(
+            { ...definition, handle: async () => Promise.reject(new PermanentError("closed")) },
+            { db: c.db(1), logger: silentLogger },
+          );
+          expect(await failing.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).toMatchObject({
+            outcome: "dead_lettered",
+          });
+        },
+        outcome: "dead_lettered",
+        effects: 1,
+      },
+    };
+    test.each(Object.entries(withLetters))(
+      "%s, in a batch: the batch does not hold that letter's key while its other handlers run, so a discard never waits on it",
+      async (_, { letter, outcome, effects }) => {
+        const held = latch();
+        const inHandler = latch();
+        const { definition } = batched(async (n) => {
+          if (n !== 2) return;
+          inHandler.open();
+          await held.opened;
+        });
+        const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+        const [lettered, fresh] = jobs(2) as [Envelope, Envelope];
+        await letter(bound, definition, lettered);
+        const key = "select dead_letter_id from core.pending_letter_keys where job_id = $1 and consumer = $2";
+        expect(await c.rows(key, [lettered.job_id, definition.name])).toHaveLength(1);
+        const delivered = together(bound, [lettered, fresh], 2);
+        try {
+          await inHandler.opened; // the batch is open: its fences are inserted and its letters read
+          // What a discard of that letter takes first; a lock the batch held until COMMIT would refuse it.
+          expect(await c.rows(`${key} for update nowait`, [lettered.job_id, definition.name])).toHaveLength(1);
+        } finally {
+          held.open();
+        }
+        const results = await delivered;
+        expect(results.map((r) => r.outcome)).toEqual([outcome, "success"]);
+        expect(await stateOf(c, [lettered, fresh])).toMatchObject({ effects, fences: effects, letters: 1 });
+      },
+    );
+
+    test("a batch whose opening waits out most of the budget on another job's ordering key held elsewhere: the first job, late through no fault of its own, is not charged; alone, each commits", async () => {
+      const { definition } = batched(
+        async () => {
+          await sleep(300);
+        },
+        { timeoutMs: 1_000, orderingKey: (data: { n: number }) => `k${data.n}` },
+      );
+      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
+      const batch = jobs(2);
+      // Another session holds job 2's key (as another batch of that key would) for 850 ms.
+      const holder = c.db(1);
       const held = latch();
-      const inHandler = latch();
-      const { definition } = batched(async (n) => {
-        if (n !== 2) return;
-        inHandler.open();
+      const locked = latch();
+      const holding = holder.transaction(async (tx) => {
+        await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(${`${definition.name}|k2`}, 0))`);
+        locked.open();
         await held.opened;
       });
-      const bound = bindConsumer(definition, { db: c.db(2), logger: silentLogger });
-      const [done, fresh] = jobs(2) as [Envelope, Envelope];
-      expect(await bound.deliver({ body: JSON.stringify(done), deliveryCount: 1 })).toMatchObject({
-        outcome: "success",
-      });
-      // A copy of the done job whose payload fails the schema: a poison
-      // letter, written without the fence key, pending review.
-      const poison = JSON.stringify({ ...done, data: { n: "not a number" } });
-      expect(await bound.deliver({ body: poison, deliveryCount: 1 })).toMatchObject({ outcome: "poison" });
-      const key = "select dead_letter_id from core.pending_letter_keys where job_id = $1 and consumer = $2";
-      expect(await c.rows(key, [done.job_id, definition.name])).toHaveLength(1);
-      const delivered = together(bound, [done, fresh], 2);
+      await locked.opened;
+      const release = setTimeout(held.open, 850);
       try {
-        await inHandler.opened; // the batch is open: its fences are inserted and its letters read
-        // What a discard of that letter takes first; a lock the batch held until COMMIT would refuse it.
-        expect(await c.rows(`${key} for update nowait`, [done.job_id, definition.name])).toHaveLength(1);
+        const results = await together(bound, batch);
+        expect(results.map(outcomeAndAttempt)).toEqual([
+          ["deferred", false],
+          ["deferred", false],
+        ]);
       } finally {
+        clearTimeout(release);
         held.open();
+        await holding;
       }
-      const results = await delivered;
-      expect(results.map((r) => r.outcome)).toEqual(["duplicate", "success"]);
-      expect(await stateOf(c, [done, fresh])).toMatchObject({ effects: 2, fences: 2, letters: 1 });
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 0, fences: 0 });
+      const again = await together(bound, batch, 2);
+      expect(again.map((r) => r.outcome)).toEqual(["success", "success"]);
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 2, fences: 2 });
     });
+
+    if (c.driver === "node-postgres") {
+      // Here the commit check (SET CONSTRAINTS, then the transaction id) goes
+      // before COMMIT, in statements of its own; postgres.js sends it in
+      // COMMIT's message, where a late answer may have committed.
+      test("a commit check with no answer within the budget (one job's deferred trigger is slow): COMMIT never went, so no job is charged; alone, the slow one is", async () => {
+        const drop = await deferredCheckOnEffects(
+          c,
+          "batch_slow_commit_check",
+          "if new.amount = 902 then perform pg_sleep(1.2); end if;",
+        );
+        const sleepersGone = async () => {
+          for (let i = 0; i < 200; i++) {
+            const [row] = await c.rows<{ n: number }>(
+              "select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event = 'PgSleep'",
+            );
+            if (row?.n === 0) return;
+            await sleep(25);
+          }
+        };
+        try {
+          const slow = consumer(
+            async (data, { tx, envelope }) => {
+              await tx.insert(effects).values({ jobId: envelope.job_id, consumer: "c", amount: 900 + data.n });
+            },
+            { batch: { ...BATCH, concurrent: mode === "concurrent" }, timeoutMs: 700 },
+          );
+          const bound = bindConsumer(slow, { db: c.db(2), logger: silentLogger });
+          const batch = jobs(2);
+          const results = await together(bound, batch);
+          expect(results.map(outcomeAndAttempt)).toEqual([
+            ["deferred", false],
+            ["deferred", false],
+          ]);
+          await sleepersGone(); // the cut-off session ends once its trigger returns
+          expect(await stateOf(c, batch)).toMatchObject({ effects: 0, fences: 0 });
+          const again = await together(bound, batch, 2);
+          expect(again.map(outcomeAndAttempt)).toEqual([
+            ["success", undefined],
+            ["retry", true],
+          ]);
+          await sleepersGone();
+          expect(await stateOf(c, batch)).toMatchObject({ effects: 1, fences: 1 });
+        } finally {
+          await drop();
+        }
+      });
+    }
 
     test("a backend terminated mid-batch: no job is a success, nothing lands, and redelivered each applies once", async () => {
       let kill = true;

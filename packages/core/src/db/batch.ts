@@ -213,7 +213,15 @@ const FENCES_XID_SQL = `${FENCES}, pg_current_xact_id()::text as xid`;
  * Only the keys of fences this transaction inserted are read and locked: a
  * duplicate can have a pending poison letter (written without the fence
  * key), and locking its key until COMMIT would make a discard wait on the
- * batch, or deadlock with a bulk discard.
+ * batch, or deadlock with a bulk discard. The locks it does take go at once:
+ * it runs in a savepoint of its own, rolled back right after it in the same
+ * round trip (`letterCheck`), so FOR SHARE waits for a change in flight and
+ * then lets go. A job found with a pending letter is settled at the opening
+ * and never runs; kept until COMMIT, its key would make a discard or a
+ * replay of that letter wait for every other handler of the batch (in a
+ * job of its own, the transaction ends at once), and two such keys could
+ * deadlock with a bulk discard. A savepoint that locks nothing takes no
+ * transaction id.
  */
 const LETTERS_SQL = `select k.job_id, k.dead_letter_id::text || ' ' || k.error_class as detail
   from core.pending_letter_keys k
@@ -233,6 +241,16 @@ const SAVEPOINT_NAME = `softcrum_job_${randomBytes(8).toString("hex")}`;
 const SAVEPOINT = `savepoint ${SAVEPOINT_NAME}`;
 const RELEASE = `release savepoint ${SAVEPOINT_NAME}`;
 const ROLLBACK_TO = `rollback to savepoint ${SAVEPOINT_NAME}`;
+const LETTERS_SAVEPOINT = `${SAVEPOINT_NAME}_letters`;
+/** LETTERS_SQL between its savepoint and that savepoint's rollback and release: the answer is the second statement's. */
+function letterCheck(params: readonly unknown[]): Statement[] {
+  return [
+    { text: `savepoint ${LETTERS_SAVEPOINT}` },
+    { text: LETTERS_SQL, params },
+    { text: `rollback to savepoint ${LETTERS_SAVEPOINT}` },
+    { text: `release savepoint ${LETTERS_SAVEPOINT}` },
+  ];
+}
 
 interface Run {
   readonly driver: ReturnType<typeof driverFor>;
@@ -262,12 +280,10 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     const concurrent = run.concurrent && conn.pipelines && !jobs.some((j) => run.suspects.has(j.id));
     for (const job of jobs) run.suspects.delete(job.id);
     let opened = await openBatch(run, jobs, settled, end);
-    let rerun = false;
     if (concurrent && opened.toRun.length > 1) {
       const stragglers = await runConcurrently(run, jobs, opened, settled, end);
       if (stragglers === true) return;
       // Rolled back: the batch runs again from BEGIN, one handler after another.
-      rerun = true;
       end.state = "rollback";
       end.commitSent = false;
       settled.length = 0;
@@ -280,8 +296,6 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
     }
     const { xid, unfence, toRun } = opened;
 
-    // Whether an earlier job of this pass ran its handler (and spent some of the budget).
-    let ranBefore = false;
     for (const i of toRun) {
       const job = jobs[i] as Job;
       if (deadline.spent) {
@@ -303,19 +317,21 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
       } catch (error) {
         failure = { error };
       }
-      const sharedBudget = rerun || ranBefore;
-      ranBefore = true;
       if (destroyed(end)) {
         // Past the budget: the connection is gone, and every job's work with
-        // it. When other jobs spent part of the budget first (earlier in this
-        // pass, or in a concurrent run before it), this one may be late
-        // through no fault of its own, or through a statement an earlier
-        // handler left running: it spends no attempt, and every job of the
-        // batch runs alone next time, with a budget of its own, where a job
-        // that is slow itself is the one charged (was: this job charged, so
-        // a batch whose jobs together outlast the budget never committed,
-        // and dead-lettered an innocent job).
-        if (sharedBudget && failure?.error instanceof HandlerTimeoutError) {
+        // it. No job of a batch has the budget to itself: the opening waited
+        // for every job's ordering lock and fence (a key another batch holds
+        // for all of that batch, longer than for its one job), and earlier
+        // handlers of this pass, or a concurrent run before it, spent part of
+        // it. So this one may be late through no fault of its own, or through
+        // a statement an earlier handler left running: it spends no attempt,
+        // and every job of the batch runs alone next time, with a budget of
+        // its own, where a job that is slow itself is the one charged (was:
+        // charged here when it was the first of its pass, whatever the
+        // opening had waited for; before that, whichever job ran out, so a
+        // batch whose jobs together outlast the budget never committed, and
+        // dead-lettered an innocent job).
+        if (failure?.error instanceof HandlerTimeoutError) {
           isolate(run, jobs);
           settled[i] = { ok: false, error: new BatchAbortedError(failure.error) };
         } else {
@@ -377,7 +393,18 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         isolate(run, jobs);
         throw error;
       }
-      // Every committed job's failure, as for a single job (the fence decides on retry).
+      if (!end.commitSent) {
+        // COMMIT never went (the commit check found no answer within the
+        // budget, or another transaction state; the budget went first):
+        // nothing committed, and whose work made the batch late — a slow
+        // deferred trigger, a statement left running — is not known. No
+        // job is charged; each runs alone next time, where it is (as in a
+        // concurrent run, which comes here for its rerun).
+        isolate(run, jobs);
+        throw new BatchAbortedError(error);
+      }
+      // COMMIT went and its answer is an error, late or lost: every committed
+      // job's failure, as for a single job (the fence decides on retry).
       for (const i of committers) settled[i] = { ok: false, error };
       return;
     }
@@ -413,9 +440,11 @@ async function openBatch(run: Run, jobs: readonly Job[], settled: Settled[], end
   const statements: Statement[] = [];
   if (keys.length > 0) statements.push({ text: LOCKS_SQL, params: [keys] });
   const params = [jobs.map((j) => j.id), (jobs[0] as Job).target.consumer];
-  statements.push({ text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL, params });
-  statements.push({ text: LETTERS_SQL, params });
-  const [rows = [], letterRows = []] = (await openWork(conn, openings, deadline, timeoutMs, statements, end)).slice(-2);
+  const fencesAt = statements.push({ text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL, params }) - 1;
+  statements.push(...letterCheck(params));
+  const answers = await openWork(conn, openings, deadline, timeoutMs, statements, end);
+  const rows = answers[fencesAt] ?? [];
+  const letterRows = answers[fencesAt + 2] ?? [];
   const fences = new Map<string, Answer[number]>();
   for (const row of rows) fences.set(String(row["job_id"]), row);
   const letters = new Map<string, unknown>();
