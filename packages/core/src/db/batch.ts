@@ -42,9 +42,18 @@
  * statements are refused there (`ConcurrentGate`): savepoints are a stack of
  * the transaction's, shared by handlers running at once.
  */
-import { randomBytes } from "node:crypto";
 import { InvalidConfigError } from "../errors.ts";
 import { Collector, type Job, Suspects } from "./batch-collector.ts";
+import {
+  FENCES_SQL,
+  FENCES_XID_SQL,
+  LOCKS_SQL,
+  letterCheck,
+  RELEASE,
+  ROLLBACK_TO,
+  SAVEPOINT,
+  UNFENCE_SQL,
+} from "./batch-sql.ts";
 import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
 import { BatchAbortedError, HandlerTimeoutError, RolledBackAtCommitError, WorkNotStartedError } from "./errors.ts";
 import { savepointIn } from "./transaction-control.ts";
@@ -183,74 +192,6 @@ export function batchedWorkTransactionFor(
 }
 
 type Settled = { readonly ok: true; readonly outcome: WorkOutcome } | { readonly ok: false; readonly error: unknown };
-
-/** The locks of a batch's ordering keys, each once, in the order of their hash: batches never lock in a cycle. */
-const LOCKS_SQL = `select count(pg_advisory_xact_lock(h)) as locked from
-  (select distinct hashtextextended(k, 0) as h from unnest($1::text[]) as k order by h) as keys`;
-/**
- * The batch's fences, inserted in job-id order (no two batches wait on each
- * other's rows in a cycle). A new row's job has no effect yet, but may have
- * a pending dead letter: LETTERS_SQL below.
- */
-const FENCES = `insert into core.processed_jobs (job_id, consumer, processed_at)
-  select j, $2, clock_timestamp() from unnest($1::uuid[]) as j order by j
-  on conflict do nothing returning job_id::text as job_id`;
-const FENCES_SQL = FENCES;
-const FENCES_XID_SQL = `${FENCES}, pg_current_xact_id()::text as xid`;
-/**
- * The pending dead letters of the batch's jobs, the check FENCE_SQL's
- * `core.pending_letter` makes for one job (`work-transaction.ts`), made once
- * for the batch: a statement of its own, sent in the same round trip right
- * after the fences' insert, so under READ COMMITTED (pinned) its snapshot is
- * taken after the insert is done waiting for every fence key — later than
- * the function's, which sees each row's letter right after that row — and
- * sees a letter a dead-letter decision committed while it held a key. FOR
- * SHARE waits for a replay changing a letter's status right now. Per row,
- * the function cost the server about 7 µs (two statements in PL/pgSQL); this
- * is one index scan. `core.pending_letter_keys_kept()` is a one-time filter,
- * so it refuses a replica-role session even when no letter matches (a
- * batch of duplicates only is then deferred too; alone, it is acknowledged).
- * Only the keys of fences this transaction inserted are read and locked: a
- * duplicate can have a pending poison letter (written without the fence
- * key), and locking its key until COMMIT would make a discard wait on the
- * batch, or deadlock with a bulk discard. The locks it does take go at once:
- * it runs in a savepoint of its own, rolled back right after it in the same
- * round trip (`letterCheck`), so FOR SHARE waits for a change in flight and
- * then lets go. A job found with a pending letter is settled at the opening
- * and never runs; kept until COMMIT, its key would make a discard or a
- * replay of that letter wait for every other handler of the batch (in a
- * job of its own, the transaction ends at once), and two such keys could
- * deadlock with a bulk discard. A savepoint that locks nothing takes no
- * transaction id.
- */
-const LETTERS_SQL = `select k.job_id, k.dead_letter_id::text || ' ' || k.error_class as detail
-  from core.pending_letter_keys k
-  where core.pending_letter_keys_kept() and k.consumer = $2 and k.job_id = any($1::uuid[]::text[])
-    and exists (select from core.processed_jobs p
-      where p.job_id = k.job_id::uuid and p.consumer = k.consumer and p.xmin = pg_current_xact_id_if_assigned()::xid)
-  for share of k`;
-/** The fences of the batch's jobs that do not commit. */
-const UNFENCE_SQL = "delete from core.processed_jobs where consumer = $2 and job_id = any($1::uuid[])";
-/**
- * The name of each job's savepoint: a handler that named it could release
- * its own and roll back to the previous job's, undoing that job's work while
- * its fence (written at the batch's opening) still commits. Drawn once per
- * process, so no handler names it by accident or by copying it from here.
- */
-const SAVEPOINT_NAME = `softcrum_job_${randomBytes(8).toString("hex")}`;
-const SAVEPOINT = `savepoint ${SAVEPOINT_NAME}`;
-const RELEASE = `release savepoint ${SAVEPOINT_NAME}`;
-const ROLLBACK_TO = `rollback to savepoint ${SAVEPOINT_NAME}`;
-const LETTERS_SAVEPOINT = `${SAVEPOINT_NAME}_letters`;
-/** LETTERS_SQL between its savepoint and that savepoint's rollback and release: the answer is the second statement's. */
-function letterCheck(params: readonly unknown[]): Statement[] {
-  return [
-    { text: `savepoint ${LETTERS_SAVEPOINT}` },
-    { text: LETTERS_SQL, params },
-    { text: `rollback to savepoint ${LETTERS_SAVEPOINT}` },
-    { text: `release savepoint ${LETTERS_SAVEPOINT}` },
-  ];
-}
 
 interface Run {
   readonly driver: ReturnType<typeof driverFor>;
