@@ -4,6 +4,7 @@ import { AlertSender } from "./alerts/sender.ts";
 import { Context } from "./context.ts";
 import { batchedWorkTransactionFor } from "./db/batch.ts";
 import { upsertDeadLetter } from "./db/dead-letter-write.ts";
+import { isInstance } from "./db/errors.ts";
 import { type DeadLetterErrorClass, LAST_ERROR_MAX } from "./db/schema.ts";
 import { postgresTransportHolds } from "./db/transport-holds.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./db/types.ts";
@@ -214,6 +215,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   }
 
   deliver(delivery: Delivery): Promise<DeliveryResult> {
+    delivery = withCountableDeferrals(delivery);
     if (this.#lane?.lane !== "transactional") return this.#deliver(delivery);
     return this.#deliverTransactional(delivery, this.#lane);
   }
@@ -315,7 +317,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       );
     } catch (thrown) {
       const duration = performance.now() - started;
-      if (thrown instanceof WorkNotStartedError) {
+      if (isInstance(thrown, WorkNotStartedError)) {
         // The handler never ran (no connection, BEGIN, lock or fence failed):
         // no attempt is spent, so a database outage never exhausts a job —
         // until it outlasts the deferral horizon.
@@ -529,13 +531,21 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
    * is finishing it), and a letter is never written beside a fence. If the
    * decision fails, the delivery is not acknowledged.
    */
-  async #deadLetterUnlessCommitted(input: DeadLetterInput & { envelope: Envelope }): Promise<DeliveryResult> {
+  async #deadLetterUnlessCommitted(
+    input: DeadLetterInput,
+    jobId: string | undefined = input.envelope.job_id,
+  ): Promise<DeliveryResult> {
+    if (jobId === undefined) return this.#deadLetter(input);
     let decided: Awaited<ReturnType<typeof decideDeadLetter<DeadLetterWrite>>>;
     try {
       decided = await decideDeadLetter(
         this.#db,
-        { jobId: input.envelope.job_id, consumer: this.name, timeoutMs: this.timeoutMs },
+        { jobId, consumer: this.name, timeoutMs: this.timeoutMs },
         (tx) => this.#writeDeadLetter(input, tx),
+        // Committed after the decision gave up: this delivery is not
+        // acknowledged, and its redelivery only finds the letter; it is new
+        // all the same, and alerts now.
+        (late) => this.#letterWritten(input, late),
       );
     } catch (thrown) {
       return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
@@ -581,14 +591,20 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     fields: DeadLetterInput["envelope"],
     alertError?: string,
   ): Promise<DeliveryResult> {
-    return this.#deadLetter({
+    const input: DeadLetterInput = {
       errorClass: "poison",
       attempts: 0,
       error,
       received,
       envelope: fields,
       ...(alertError === undefined ? {} : { alertError }),
-    });
+    };
+    // A readable job id is the fence's key: a copy of a job that committed
+    // (a corrupted copy, a schema made stricter since) is a duplicate, and a
+    // copy running right now decides first. Never a pending letter beside a
+    // committed fence (SPEC §4). Without one, no fence can exist.
+    const jobId = fields.job_id;
+    return isJobId(jobId) ? this.#deadLetterUnlessCommitted(input, jobId.toLowerCase()) : this.#deadLetter(input);
   }
 
   /**
@@ -597,15 +613,15 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
    */
   async #deadLetter(input: DeadLetterInput): Promise<DeliveryResult> {
     let written: DeadLetterWrite;
+    const writing = this.#writeDeadLetter(input, this.#db);
     try {
       // Bounded like the decision: a pool that stays exhausted must not hold
       // the delivery past its visibility timeout (a late write is the same
-      // bytes' letter, which the redelivery folds into).
-      written = await withinMs(
-        this.#writeDeadLetter(input, this.#db),
-        this.timeoutMs,
-        () => new Error(`the letter was not written within timeoutMs (${this.timeoutMs} ms)`),
-      );
+      // bytes' letter, which the redelivery folds into; new, it alerts then).
+      written = await withinMs(writing, this.timeoutMs, () => {
+        writing.then((late) => this.#letterWritten(input, late), noop);
+        return new Error(`the letter was not written within timeoutMs (${this.timeoutMs} ms)`);
+      });
     } catch (thrown) {
       return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
     }
@@ -629,7 +645,8 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       payload: input.received.text,
       payloadEncoding: input.received.encoding,
       payloadSha256: payloadSha256(input.received),
-      attempts: input.attempts,
+      // A transport's count can be any integer; the column is int4.
+      attempts: Math.min(input.attempts, MAX_ATTEMPTS_STORED),
       lastError: error,
       errorClass: input.errorClass,
       tenantId: row.tenantId,
@@ -641,6 +658,12 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
   #afterDeadLetter(input: DeadLetterInput, written: DeadLetterWrite): DeliveryResult {
     const outcome = input.errorClass === "poison" ? "poison" : "dead_lettered";
+    this.#letterWritten(input, written);
+    return this.#finish(outcome, { outcome, ack: true, deadLetterId: written.id, errorClass: input.errorClass });
+  }
+
+  /** A letter is written: nothing of it left to remember, and a new one alerts. */
+  #letterWritten(input: DeadLetterInput, written: DeadLetterWrite): void {
     const { row, error } = written;
     if (input.envelope.job_id !== undefined) this.#unwrittenLetters.delete(input.envelope.job_id);
     if (written.inserted) {
@@ -658,7 +681,6 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         ...alertErrorFields(input.alertError ?? error, input.cause),
       });
     }
-    return this.#finish(outcome, { outcome, ack: true, deadLetterId: written.id, errorClass: input.errorClass });
   }
 
   /** Resolves once this consumer's alerts reached the sink (or gave up after `alertFlushTimeoutMs`). */
@@ -666,6 +688,20 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     return this.#alerts.flush();
   }
 }
+
+/**
+ * The delivery with a `deferrals` every wait can grow from: a whole number
+ * from 0 (a transport's NaN, negative or fractional count would make a wait
+ * of NaN, which a timer runs at once).
+ */
+function withCountableDeferrals(delivery: Delivery): Delivery {
+  const deferrals = delivery.deferrals;
+  if (deferrals === undefined || (Number.isSafeInteger(deferrals) && deferrals >= 0)) return delivery;
+  return { ...delivery, deferrals: deferrals > 0 ? Math.min(Math.trunc(deferrals), Number.MAX_SAFE_INTEGER) : 0 };
+}
+
+/** Largest `attempts` a letter stores (`core.dead_letters.attempts` is an integer column). */
+const MAX_ATTEMPTS_STORED = 2_147_483_647;
 
 /** When the job became due: the transport's `dueAt` (publish time plus delay), else its job_id's timestamp. */
 function dueAtOf(delivery: Delivery, envelope: Envelope): number {
@@ -682,3 +718,5 @@ function classifySafely(thrown: unknown): ReturnType<typeof classifyFailure> {
     return { failureClass: "transient", message: "the handler threw a value that cannot be read" };
   }
 }
+
+const noop = () => {};

@@ -15,7 +15,10 @@ export interface ReceivedPayload {
   decodeError?: string;
 }
 
-const utf8 = new TextDecoder("utf-8", { fatal: true });
+// ignoreBOM keeps a leading byte-order mark in the text: the letter holds the
+// bytes as received (and its hash is theirs), and the JSON is read as the same
+// text sent as a string would be (RFC 8259 forbids a BOM; JSON.parse refuses it).
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
 /** The payload of a delivery body, whatever the transport handed over (text, bytes, or JSON it decoded). */
 export function decodeBody(body: unknown): ReceivedPayload {

@@ -173,6 +173,15 @@ export interface PostgresErrorFacts {
  * `constraint`…. Empty when no Postgres error is found.
  */
 export function postgresErrorFacts(thrown: unknown): PostgresErrorFacts {
+  // The facts are extras of an alert: a thrown value whose getters throw has none.
+  try {
+    return factsAlong(thrown);
+  } catch {
+    return {};
+  }
+}
+
+function factsAlong(thrown: unknown): PostgresErrorFacts {
   let current: unknown = thrown;
   for (let depth = 0; depth < 8 && typeof current === "object" && current !== null; depth++) {
     const e = current as Record<string, unknown>;

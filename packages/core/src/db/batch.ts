@@ -55,7 +55,13 @@ import {
   UNFENCE_SQL,
 } from "./batch-sql.ts";
 import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
-import { BatchAbortedError, HandlerTimeoutError, RolledBackAtCommitError, WorkNotStartedError } from "./errors.ts";
+import {
+  BatchAbortedError,
+  HandlerTimeoutError,
+  isInstance,
+  RolledBackAtCommitError,
+  WorkNotStartedError,
+} from "./errors.ts";
 import { savepointIn } from "./transaction-control.ts";
 import type { AnyPgDatabase } from "./types.ts";
 import {
@@ -272,7 +278,7 @@ async function runBatchOn(run: Run, jobs: readonly Job[], settled: Settled[]): P
         // opening had waited for; before that, whichever job ran out, so a
         // batch whose jobs together outlast the budget never committed, and
         // dead-lettered an innocent job).
-        if (failure?.error instanceof HandlerTimeoutError) {
+        if (isInstance(failure?.error, HandlerTimeoutError)) {
           isolate(run, jobs);
           settled[i] = { ok: false, error: new BatchAbortedError(failure.error) };
         } else {

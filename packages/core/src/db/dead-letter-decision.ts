@@ -33,12 +33,20 @@ export async function decideDeadLetter<T>(
     readonly timeoutMs?: number;
   },
   write: (tx: WorkTransaction) => Promise<T>,
+  /**
+   * Called with what `write` returned when the decision committed after it
+   * was given up on: its COMMIT was already sent (a slow WAL flush, a
+   * synchronous standby lagging), so the letter stands although the
+   * decision rejected with DecisionTimeoutError.
+   */
+  late?: (value: T) => void,
 ): Promise<{ readonly status: "duplicate" } | { readonly status: "written"; readonly value: T }> {
   const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
   const ms = serverTimeoutMs(timeoutMs);
   // Bounded on the client too, from asking for a connection on: a pool that
   // stays exhausted must not hold the delivery past its visibility timeout.
-  // A decision given up on never writes later: it rolls back at its next step.
+  // A decision given up on writes nothing later: it rolls back at its next
+  // step, unless its COMMIT was already sent (then `late` hears of it).
   let gaveUp = false;
   const deciding = db.transaction(async (tx) => {
     if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
@@ -61,6 +69,11 @@ export async function decideDeadLetter<T>(
     if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
     return { status: "written", value } as const;
   }, decisionConfig());
+  if (late !== undefined) {
+    deciding.then((decided) => {
+      if (gaveUp && decided.status === "written") late(decided.value);
+    }, noop);
+  }
   return withinMs(deciding, timeoutMs, () => {
     gaveUp = true;
     return new DecisionTimeoutError(timeoutMs);
@@ -92,3 +105,5 @@ function rowsOf<T>(result: unknown): T[] {
 function decisionConfig() {
   return { isolationLevel: WORK_ISOLATION_LEVEL } as const;
 }
+
+const noop = () => {};

@@ -8,6 +8,10 @@
  *   same statement;
  * - keyed by (consumer, payload_sha256) otherwise: a missing or invalid
  *   job_id is evidence (it is in the payload), never an identity.
+ * A copy that folds in replaces the letter's error, class and attempts only
+ * when its handler ran more times: a copy past the budget after a lost ack,
+ * or one expired on arrival, ran nothing, and its "unknown" or "too old"
+ * must not erase the failure the letter records, nor lower its attempts.
  */
 import { sql } from "drizzle-orm";
 import { uuidv7 } from "uuidv7";
@@ -52,7 +56,9 @@ export async function upsertDeadLetter(
   values (${uuidv7()}, ${l.jobId}, ${l.queue}, ${l.consumer}, ${l.payload}, ${l.payloadEncoding}, ${l.payloadSha256},
     ${l.attempts}, ${l.lastError}, ${l.errorClass}, ${l.tenantId}, ${l.correlationId}, ${l.kind})
   on conflict ${conflict} do update set occurrences = d.occurrences + 1, last_seen_at = now(),
-    last_error = excluded.last_error, attempts = excluded.attempts
+    last_error = case when excluded.attempts > d.attempts then excluded.last_error else d.last_error end,
+    error_class = case when excluded.attempts > d.attempts then excluded.error_class else d.error_class end,
+    attempts = greatest(d.attempts, excluded.attempts)
   returning d.id, (d.xmax = 0) as inserted, d.payload_sha256
 ), other_payload as (
   insert into core.dead_letter_payloads as p (dead_letter_id, payload_sha256, payload, payload_encoding, last_error)

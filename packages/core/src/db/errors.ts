@@ -1,5 +1,18 @@
 /** What the work-transaction engine throws; the harness reads these to decide a delivery's outcome. */
 
+/**
+ * `value instanceof type`, false where asking throws: a handler may throw
+ * anything, a Proxy whose prototype cannot be read included, and the harness
+ * asks what it threw before it classifies it.
+ */
+export function isInstance<T>(value: unknown, type: abstract new (...args: never[]) => T): value is T {
+  try {
+    return value instanceof type;
+  } catch {
+    return false;
+  }
+}
+
 /** Thrown when the handler never started: no connection, BEGIN, lock or fence failed. No attempt was spent. */
 export class WorkNotStartedError extends Error {
   constructor(cause: unknown) {
