@@ -5,6 +5,7 @@
  * one it would have had alone.
  */
 import { sql } from "drizzle-orm";
+import { uuidv7 } from "uuidv7";
 import { describe, expect, test } from "vitest";
 import { deferredCheckOnEffects, jobs, outcomeAndAttempt, sleep, together } from "../../test/batches.ts";
 import { recordCommitModes } from "../../test/commit-modes.ts";
@@ -424,18 +425,25 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
     // A job found with a pending letter never runs; the batch must not keep
     // that letter's key locked while its other handlers run.
     const withLetters = {
-      "a duplicate with a pending poison letter (written without the fence key)": {
-        async letter(bound: BoundConsumer, _definition: BatchedDefinition, job: Envelope) {
-          expect(await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).toMatchObject({
-            outcome: "success",
-          });
-          // A copy of the done job whose payload fails the schema.
-          const poison = JSON.stringify({ ...job, data: { n: "not a number" } });
-          expect(await bound.deliver({ body: poison, deliveryCount: 1 })).toMatchObject({ outcome: "poison" });
+      "a duplicate with a pending poison letter beside its fence (as versions before d942aab wrote one, without the fence key)":
+        {
+          async letter(bound: BoundConsumer, definition: BatchedDefinition, job: Envelope) {
+            expect(await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).toMatchObject({
+              outcome: "success",
+            });
+            // A copy of the done job whose payload failed the schema, lettered
+            // by an earlier version (now a duplicate): such letters stay in
+            // upgraded databases.
+            const poison = JSON.stringify({ ...job, data: { n: "not a number" } });
+            await c.rows(
+              `insert into core.dead_letters (id, job_id, queue, consumer, payload, attempts, last_error, error_class)
+             values ($1, $2, $3, $4, $5, 0, 'data: expected number', 'poison')`,
+              [uuidv7(), job.job_id, definition.queue, definition.name, poison],
+            );
+          },
+          outcome: "duplicate",
+          effects: 2,
         },
-        outcome: "duplicate",
-        effects: 2,
-      },
       "a fresh copy of a dead-lettered job (the letter under the fence key)": {
         async letter(_bound: BoundConsumer, definition: BatchedDefinition, job: Envelope) {
           const failing = bindConsumer(

@@ -679,7 +679,8 @@ describe.each(matrix)("on %s", (c) => {
           expect(await bound.deliver({ body: poison, deliveryCount: 1 })).toMatchObject({
             outcome: "dead_letter_failed",
             ack: false,
-            error: expect.stringMatching(/not written within timeoutMs \(300 ms\)/),
+            // Decided under the fence key (its job id is readable): the decision's bound.
+            error: expect.stringMatching(/did not end within timeoutMs \(300 ms\)/),
           });
         } finally {
           release();
