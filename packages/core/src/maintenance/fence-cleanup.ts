@@ -131,8 +131,14 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
         days.filter((day) => !whole.has(day)),
         expired,
       );
+      // The parts read through the fence table come first, the default
+      // partition last: a statement locks its tables in the order it names
+      // them, and a detach (another run's) locks the fence table, then the
+      // default partition. A batch that named the default partition first
+      // held it while it waited for the fence table behind that detach,
+      // which waited for the default partition: a deadlock, where lock
+      // waits outlast the deadlock check.
       const parts: { table: SQL; where: (alias: string) => SQL }[] = [
-        { table: sql.raw(partitioned ? "core.processed_jobs_default" : "core.processed_jobs"), where: () => sql`true` },
         ...partitions.keptForOtherConsumers.map((day) => ({
           table: sql.raw("core.processed_jobs"),
           where: (alias: string) => dayRange(day, alias),
@@ -141,6 +147,7 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
           table: sql.raw("core.processed_jobs"),
           where: (alias: string) => earlyInDay(day, alias),
         })),
+        { table: sql.raw(partitioned ? "core.processed_jobs_default" : "core.processed_jobs"), where: () => sql`true` },
       ];
       // Keyset paging: each batch starts after the last row the previous one
       // reached, so rows kept for pending dead letters are read once per run.

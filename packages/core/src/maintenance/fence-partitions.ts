@@ -63,6 +63,47 @@ export function isLockTimeout(error: unknown): boolean {
   return false;
 }
 
+/** Most days one `days` range may name: the migration's own limit (0026, `fence_partitions_prepare`). */
+const MAX_DAYS_RANGE = 400;
+
+/**
+ * `days` as the database takes them, or a clear error before anything is
+ * sent: each a calendar day (`2024-02-30` is none), none before 1970 (a UUID
+ * v7 holds no earlier time, so no fence has such a day), `first` not after
+ * `last`, at most MAX_DAYS_RANGE days apart.
+ */
+function checkedDays(days: EnsureFencePartitionsOptions["days"]): { first: string | null; last: string | null } {
+  const { first = null, last = null } = days ?? {};
+  const at: number[] = [];
+  for (const day of [first, last]) {
+    if (day === null) continue;
+    if (typeof day !== "string" || !DAY.test(day)) {
+      throw new InvalidConfigError(`fence partitions: days are YYYY-MM-DD, got ${JSON.stringify(day)}`);
+    }
+    const ms = Date.parse(`${day}T00:00:00Z`);
+    if (!Number.isFinite(ms) || new Date(ms).toISOString().slice(0, 10) !== day) {
+      throw new InvalidConfigError(`fence partitions: ${day} is not a calendar day`);
+    }
+    if (ms < 0) {
+      throw new InvalidConfigError(
+        `fence partitions: ${day} is before 1970: a UUID v7 job id holds no earlier time, so no fence has that day`,
+      );
+    }
+    at.push(ms);
+  }
+  if (first !== null && last !== null) {
+    const [from = 0, to = 0] = at;
+    if (from > to) throw new InvalidConfigError(`fence partitions: the first day ${first} is after the last, ${last}`);
+    const span = Math.round((to - from) / 86_400_000);
+    if (span > MAX_DAYS_RANGE) {
+      throw new InvalidConfigError(
+        `fence partitions: ${first} to ${last} is ${span} days apart, more than ${MAX_DAYS_RANGE} (create them in parts)`,
+      );
+    }
+  }
+  return { first, last };
+}
+
 function wholeMs(value: number, name: string, min: number): number {
   if (!(Number.isSafeInteger(value) && value >= min)) {
     throw new InvalidConfigError(`fence partitions: ${name} must be a whole number >= ${min}, got ${value}`);
@@ -103,12 +144,7 @@ export async function ensureFencePartitions(options: EnsureFencePartitionsOption
   const lockTimeoutMs = wholeMs(options.lockTimeoutMs ?? 500, "lockTimeoutMs", 1);
   const retries = wholeMs(options.lockRetries ?? 10, "lockRetries", 0);
   const validateWaitMs = wholeMs(options.validateWaitMs ?? 30_000, "validateWaitMs", 1);
-  const { first = null, last = null } = options.days ?? {};
-  for (const day of [first, last]) {
-    if (day !== null && !DAY.test(day)) {
-      throw new InvalidConfigError(`fence partitions: days are YYYY-MM-DD, got ${JSON.stringify(day)}`);
-    }
-  }
+  const { first, last } = checkedDays(options.days);
   let created = 0;
   let complete = false;
   for (let round = 0; round < MAX_ROUNDS; round += 1) {
@@ -232,11 +268,25 @@ export async function dropExpiredFencePartitions(
   let moved = 0;
   let deferred = 0;
   const kept: string[] = [];
+  // A day's detach and drop run one at a time across processes (two
+  // cleanups at once: two modules, two replicas of a worker): each waits on
+  // the day's advisory lock, in its own transaction, for at most the lock
+  // timeout, then reads the catalog again; the second finds the day gone
+  // (was: its DETACH or DROP, queued behind the first, failed on a table
+  // that was no longer a partition, or no longer there, and so did its run).
+  const onDay = <T>(day: string, step: (tx: AnyPgDatabase) => Promise<T>) =>
+    db.transaction(async (tx) => {
+      await tx.execute(sql`select set_config('lock_timeout', ${`${options.lockTimeoutMs}ms`}, true)`);
+      await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(${`softcrum.fence-day:${day}`}, 0))`);
+      return step(tx as unknown as AnyPgDatabase);
+    });
   const drop = (day: string) =>
     withLockRetries(options.lockRetries, () =>
-      value<boolean>(
-        db,
-        sql`select core.fence_partition_drop_detached(${day}::date, ${options.lockTimeoutMs}::int) as v`,
+      onDay(day, (tx) =>
+        value<boolean>(
+          tx,
+          sql`select core.fence_partition_drop_detached(${day}::date, ${options.lockTimeoutMs}::int) as v`,
+        ),
       ),
     );
   for (const { day, attached } of days) {
@@ -256,14 +306,16 @@ export async function dropExpiredFencePartitions(
     }
     let row: { detached: boolean; moved: string | number } | undefined;
     try {
-      row = await withLockRetries(
-        options.lockRetries,
-        async () =>
-          rowsOf<{ detached: boolean; moved: string | number }>(
-            await db.execute(
-              sql`select detached, moved from core.fence_partition_detach(${day}::date, ${seconds}::float8, ${dryRun}, ${options.lockTimeoutMs}::int)`,
-            ),
-          )[0],
+      row = await withLockRetries(options.lockRetries, () =>
+        onDay(
+          day,
+          async (tx) =>
+            rowsOf<{ detached: boolean; moved: string | number }>(
+              await tx.execute(
+                sql`select detached, moved from core.fence_partition_detach(${day}::date, ${seconds}::float8, ${dryRun}, ${options.lockTimeoutMs}::int)`,
+              ),
+            )[0],
+        ),
       );
     } catch (error) {
       if (!isLockTimeout(error)) throw error;
