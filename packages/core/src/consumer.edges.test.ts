@@ -9,9 +9,10 @@ import { z } from "zod";
 import { recordingAlerts, silentLogger, useEffectsDatabase } from "../test/fixtures.ts";
 import { bindConsumer, type ConsumerDefinition, defineConsumer } from "./consumer.ts";
 import { createEnvelope } from "./envelope.ts";
-import { PermanentError } from "./errors.ts";
+import { PermanentError, RateLimitedError } from "./errors.ts";
 import { inProcessRateLimiter } from "./limits/in-process.ts";
-import { perTenant } from "./limits/limits.ts";
+import { perTenant, provider } from "./limits/limits.ts";
+import type { RateLimiter } from "./limits/port.ts";
 
 const pg = useEffectsDatabase("consumer_edges");
 const schema = z.object({ customerId: z.string().min(1), points: z.number().int().positive() });
@@ -212,4 +213,47 @@ describe("a dead-letter decision that commits after the delivery gave up on it",
       await pg.sql.unsafe("drop function public.slow_letter()");
     }
   });
+});
+
+describe("one budget outside the work transaction, so a delivery ends within deliveryBoundMs", () => {
+  test("a schema whose asynchronous check never settles: the payload is poison once timeoutMs is spent, not a delivery that never ends", async () => {
+    seq += 1;
+    const hanging = defineConsumer({
+      name: `edges.c${seq}`,
+      queue: `edges.q${seq}`,
+      kind: "points.award.v1",
+      schema: schema.refine(() => new Promise<boolean>(() => {})),
+      timeoutMs: 300,
+      handle: async () => {},
+    });
+    const bound = bindConsumer(hanging, { db: pg.db, logger: silentLogger });
+    const result = await bound.deliver({ body: body(), deliveryCount: 1 });
+    expect(result).toMatchObject({ outcome: "poison", ack: true });
+    const [letter] = await lettersOf(hanging.name);
+    expect(letter?.last_error).toContain("did not finish within");
+  });
+
+  test("a limiter that answers late, a 429 near the handler's timeout and a limiter that never hears of it: the delivery still ends within deliveryBoundMs", async () => {
+    const T = 10_000;
+    const limiter: RateLimiter = {
+      async take() {
+        await new Promise((resolve) => setTimeout(resolve, 0.95 * T));
+        return { ok: true };
+      },
+      block: () => new Promise<void>(() => {}),
+    };
+    const consumer = consumerOf(
+      async () => {
+        await new Promise((resolve) => setTimeout(resolve, 0.9 * T));
+        throw new RateLimitedError("429 from the provider", { retryAfterMs: 1_000 });
+      },
+      { timeoutMs: T, limits: [provider("mail", { rate: 10, per: 1_000 })] },
+    );
+    const bound = bindConsumer(consumer, { db: pg.db, logger: silentLogger, rateLimiter: limiter });
+    const started = performance.now();
+    const result = await bound.deliver({ body: body(), deliveryCount: 1 });
+    expect(result).toMatchObject({ outcome: "rate_limited", ack: false, spendsAttempt: false });
+    // Was 28.5 s: the limiter's take (9.5 s), the handler (9 s), then a whole timeoutMs for the block.
+    expect(performance.now() - started).toBeLessThan(bound.deliveryBoundMs ?? Number.NaN);
+  }, 60_000);
 });

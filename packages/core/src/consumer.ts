@@ -63,6 +63,8 @@ type DeadLetterInput = {
    * knows (a delivery past the budget). @default this delivery
    */
   evidence?: "remembered" | "unknown";
+  /** What is left of the delivery's budget outside its work transaction (`OutsideBudget`). @default a whole timeoutMs */
+  outside?: OutsideBudget;
   /**
    * What the alert may say instead of `error`, when `error` quotes whatever
    * a schema or key function threw (its message can hold payload values
@@ -216,32 +218,37 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
   deliver(delivery: Delivery): Promise<DeliveryResult> {
     delivery = withCountableDeferrals(delivery);
-    if (this.#lane?.lane !== "transactional") return this.#deliver(delivery);
-    return this.#deliverTransactional(delivery, this.#lane);
+    const outside = new OutsideBudget(this.timeoutMs);
+    if (this.#lane?.lane !== "transactional") return this.#deliver(delivery, outside);
+    return this.#deliverTransactional(delivery, this.#lane, outside);
   }
 
   /** A transactional lane's delivery: a final outcome takes the job out of the channel's backlog. */
-  async #deliverTransactional(delivery: Delivery, lane: LaneGate): Promise<DeliveryResult> {
+  async #deliverTransactional(delivery: Delivery, lane: LaneGate, outside: OutsideBudget): Promise<DeliveryResult> {
     const seen: { jobId?: string } = {};
-    const result = await this.#deliver(delivery, seen);
+    const result = await this.#deliver(delivery, outside, seen);
     // Acknowledged and not addressed to another consumer: the job is done here, for good.
-    if (result.ack && result.outcome !== "skipped" && seen.jobId !== undefined) await lane.settled(seen.jobId);
+    if (result.ack && result.outcome !== "skipped" && seen.jobId !== undefined)
+      await lane.settled(seen.jobId, outside.left());
     return result;
   }
 
-  async #deliver(delivery: Delivery, seen?: { jobId?: string }): Promise<DeliveryResult> {
+  async #deliver(delivery: Delivery, outside: OutsideBudget, seen?: { jobId?: string }): Promise<DeliveryResult> {
     const consumer = this.#consumer;
     if (delivery.targetConsumer !== undefined && delivery.targetConsumer !== consumer.name) {
       return this.#finish("skipped", { outcome: "skipped", ack: true });
     }
 
     // 1. Poison check: nothing invalid ever reaches the handler or the retry loop.
-    let decoded = checkPayload(this.#consumer, delivery.body);
+    // A schema's asynchronous checks get half of it: the other half is the
+    // poison letter's, if they never finish (else the letter could never be
+    // written, and the message would come back for ever).
+    let decoded = checkPayload(this.#consumer, delivery.body, Math.ceil(outside.left() / 2));
     if (decoded instanceof Promise) decoded = await decoded;
     if (!decoded.ok) {
       // A poison job with a readable job_id leaves the backlog with its letter; one without goes stale.
       if (seen !== undefined && isJobId(decoded.fields.job_id)) seen.jobId = decoded.fields.job_id;
-      return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError);
+      return this.#poison(decoded.received, decoded.error, decoded.fields, decoded.alertError, outside);
     }
     const { received, envelope, parsed, lockKey } = decoded;
     if (seen !== undefined) seen.jobId = envelope.job_id;
@@ -252,7 +259,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     // A delivery past the budget means earlier ones ended without an
     // acknowledgement: running the handler again could loop forever.
     if (attempt > policy.maxAttempts) {
-      return this.#deadLetterUnlessCommitted(this.#pastBudget(attempt, received, envelope));
+      return this.#deadLetterUnlessCommitted({ ...this.#pastBudget(attempt, received, envelope), outside });
     }
     // The fence TTL is a law the harness obeys too: a copy this old could
     // outlive the fence it must find, or the one it commits. Replays too:
@@ -261,6 +268,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       const age = this.#now() - dueAtOf(delivery, envelope);
       if (age > this.#runnableForMs) {
         return this.#deadLetterUnlessCommitted({
+          outside,
           errorClass: "expired",
           attempts: attempt - 1,
           error: `job has been due for ${age} ms, past the ${this.#runnableForMs} ms a copy of ${consumer.name}'s jobs may still start within its fence TTL (fenceTtlMs less fenceTtlMarginMs): the handler was not run, because its fence could be cleaned up before the copy finished. If the fence of a copy that committed was already cleaned up, the work was done: check its effect before replaying this letter`,
@@ -275,6 +283,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       const age = this.#now() - dueAtOf(delivery, envelope);
       if (age > consumer.maxAgeMs) {
         return this.#deadLetterUnlessCommitted({
+          outside,
           errorClass: "expired",
           attempts: attempt - 1,
           error: `job has been due for ${age} ms, past ${consumer.name}'s maximum age of ${consumer.maxAgeMs} ms`,
@@ -286,12 +295,12 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
 
     // A marketing lane gives way to its channel's transactional backlog, before it takes any token.
     if (this.#lane !== undefined) {
-      const admitted = await this.#lane.admit(delivery.deferrals ?? 0);
+      const admitted = await this.#lane.admit(delivery.deferrals ?? 0, outside.left());
       if (!admitted.ok) return this.#yielded(admitted, delivery);
     }
     // Rate limits: a token from each bucket before any connection, lock or fence is taken.
     if (this.#gate) {
-      const admitted = await this.#gate.admit(envelope.tenant_id, delivery.deferrals ?? 0);
+      const admitted = await this.#gate.admit(envelope.tenant_id, delivery.deferrals ?? 0, outside.left());
       if (!admitted.ok) return this.#notAdmitted(admitted, delivery);
     }
 
@@ -331,6 +340,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         if (beyond !== undefined) {
           this.#metrics.handlerDuration(duration, this.#attributes("dead_lettered"));
           return this.#deadLetterUnlessCommitted({
+            outside,
             errorClass: "exhausted",
             attempts: attempt - 1,
             error: `${beyond} (the handler could not start: ${error})`,
@@ -360,7 +370,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         );
         this.#metrics.handlerDuration(duration, this.#attributes("rate_limited"));
         // Every process slows down at once, instead of each finding out by its own 429.
-        await this.#gate?.providerSaidWait(retryAfterMs);
+        await this.#gate?.providerSaidWait(retryAfterMs, outside.left());
         return this.#finish("rate_limited", {
           outcome: "rate_limited",
           ack: false,
@@ -377,6 +387,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
         // Serialised with any other delivery of the job: one still committing
         // makes this a duplicate, never a letter beside a fence.
         return this.#deadLetterUnlessCommitted({
+          outside,
           errorClass: failure.failureClass === "permanent" ? "permanent" : "exhausted",
           attempts: attempt,
           error: failure.message,
@@ -540,7 +551,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     try {
       decided = await decideDeadLetter(
         this.#db,
-        { jobId, consumer: this.name, timeoutMs: this.timeoutMs },
+        { jobId, consumer: this.name, timeoutMs: this.timeoutMs, withinMs: input.outside?.left() },
         (tx) => this.#writeDeadLetter(input, tx),
         // Committed after the decision gave up: this delivery is not
         // acknowledged, and its redelivery only finds the letter; it is new
@@ -590,6 +601,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
     error: string,
     fields: DeadLetterInput["envelope"],
     alertError?: string,
+    outside?: OutsideBudget,
   ): Promise<DeliveryResult> {
     const input: DeadLetterInput = {
       errorClass: "poison",
@@ -598,6 +610,7 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       received,
       envelope: fields,
       ...(alertError === undefined ? {} : { alertError }),
+      ...(outside === undefined ? {} : { outside }),
     };
     // A readable job id is the fence's key: a copy of a job that committed
     // (a corrupted copy, a schema made stricter since) is a duplicate, and a
@@ -618,9 +631,11 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       // Bounded like the decision: a pool that stays exhausted must not hold
       // the delivery past its visibility timeout (a late write is the same
       // bytes' letter, which the redelivery folds into; new, it alerts then).
-      written = await withinMs(writing, this.timeoutMs, () => {
+      const ms = input.outside?.left() ?? this.timeoutMs;
+      written = await withinMs(writing, ms, () => {
         writing.then((late) => this.#letterWritten(input, late), noop);
-        return new Error(`the letter was not written within timeoutMs (${this.timeoutMs} ms)`);
+        const left = ms < this.timeoutMs ? `, all the delivery had left of it (${ms} ms)` : "";
+        return new Error(`the letter was not written within timeoutMs (${this.timeoutMs} ms)${left}`);
       });
     } catch (thrown) {
       return this.#deadLetterFailed(`dead letter could not be written: ${describeError(thrown)}`, input);
@@ -686,6 +701,27 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
   /** Resolves once this consumer's alerts reached the sink (or gave up after `alertFlushTimeoutMs`). */
   flushAlerts(): Promise<void> {
     return this.#alerts.flush();
+  }
+}
+
+/**
+ * What one delivery may spend outside its work transaction, all stages
+ * together: before it, a schema's asynchronous checks and the lane's and the
+ * rate gate's answers; after it, the dead-letter decision (or a letter's
+ * write), a provider's wait and the transactional lane's settling. One
+ * `timeoutMs`: the one `deliveryBoundMs` counts besides the run (was: each
+ * stage had a whole `timeoutMs` of its own, and a slow limiter and a slow
+ * decision together made a delivery outlast its bound, so the transport
+ * delivered it again while it still ran).
+ */
+class OutsideBudget {
+  readonly #ends: number;
+  constructor(ms: number) {
+    this.#ends = performance.now() + ms;
+  }
+  /** Milliseconds left, at least 1: a stage that gets 1 ms gives up at once, as it would have past its own bound. */
+  left(): number {
+    return Math.max(1, Math.floor(this.#ends - performance.now()));
   }
 }
 

@@ -45,8 +45,10 @@ export interface ConsumerDefinition<TSchema extends z.ZodType> {
    * ordering lock leaves the handler less of it). On timeout the handler's
    * `signal` fires, the transaction is rolled back, its connection destroyed,
    * and the job is retried as a transient failure. The whole delivery,
-   * `deliveryBoundMs` (2 × timeoutMs + 5 s: the run, ROLLBACK, the dead-letter
-   * decision), must be shorter than the transport's visibility timeout /
+   * `deliveryBoundMs` (2 × timeoutMs + 5 s: the run, ROLLBACK, and one
+   * timeoutMs shared by all the rest — async schema checks, rate gate and lane
+   * before the run, the dead-letter decision, a provider's wait and the lane
+   * after it), must be shorter than the transport's visibility timeout /
    * lease, so a delivery is never still going when the message comes back
    * (adapters check this when the consumer is subscribed).
    * @default DEFAULT_HANDLER_TIMEOUT_MS (25 s)

@@ -76,8 +76,12 @@ export interface HarnessDeps {
  * The longest one delivery of this consumer can take, the real sum: the wait
  * for its batch to form (a batched consumer's `batch.maxWaitMs`), its work
  * transaction (one budget of `timeoutMs`, from asking for a connection to
- * COMMIT's answer), ROLLBACK's allowance after a failure, then the dead-letter
- * decision (bounded by `timeoutMs` too, its connection included). A transport
+ * COMMIT's answer), ROLLBACK's allowance after a failure, then one more
+ * `timeoutMs` for everything outside the run, shared (`OutsideBudget` in
+ * consumer.ts): a schema's asynchronous checks (at most half of it), the
+ * lane's and the rate gate's answers before the run; the dead-letter decision
+ * (its connection included), a provider's wait and the lane's settling after
+ * it. A transport
  * refuses a consumer whose bound is not below its visibility timeout or lease
  * (`checkDeliveryBound`): a delivery is never still going when its message is
  * delivered again.

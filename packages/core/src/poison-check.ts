@@ -8,6 +8,7 @@ import type { z } from "zod";
 import { checkEnvelope, type Envelope, formatIssues } from "./envelope.ts";
 import { describeError } from "./errors.ts";
 import { decodeBody, type EnvelopeFields, type ReceivedPayload, readableFields } from "./payload.ts";
+import { withinMs } from "./timers.ts";
 
 /** What the poison check reads of a consumer. */
 export interface CheckedConsumer<TSchema extends z.ZodType> {
@@ -46,6 +47,8 @@ export type Decoded<TData> =
 export function checkPayload<TSchema extends z.ZodType>(
   consumer: CheckedConsumer<TSchema>,
   body: unknown,
+  /** How long a schema's asynchronous checks may take; past it the payload is poison. @default no bound */
+  asyncWithinMs?: number,
 ): Decoded<z.output<TSchema>> | Promise<Decoded<z.output<TSchema>>> {
   const progress: DecodeProgress = { received: undefined, fields: {}, stage: "payload", kind: "" };
   try {
@@ -73,7 +76,17 @@ export function checkPayload<TSchema extends z.ZodType>(
     const parsed = parseData(consumer.schema, envelope.data);
     // Only a schema with an async refinement or transform makes this wait:
     // every other delivery goes on without a turn of the event loop.
-    if (parsed instanceof Promise) return decodeLater(consumer, progress, received, envelope, parsed);
+    if (parsed instanceof Promise) {
+      const bounded =
+        asyncWithinMs === undefined
+          ? parsed
+          : withinMs(
+              parsed,
+              asyncWithinMs,
+              () => new Error(`the data schema's asynchronous checks did not finish within ${asyncWithinMs} ms`),
+            );
+      return decodeLater(consumer, progress, received, envelope, bounded);
+    }
     return decoded(consumer, progress, received, envelope, parsed);
   } catch (thrown) {
     return thrownWhileDecoding(consumer.name, progress, thrown);

@@ -5,7 +5,7 @@
  * work transaction of its consumer, on the client and on the server.
  */
 import { sql } from "drizzle-orm";
-import { withinMs } from "../timers.ts";
+import { withinMs as bounded } from "../timers.ts";
 import type { AnyPgDatabase, WorkTransaction } from "./types.ts";
 import { DEFAULT_TIMEOUT_MS, serverTimeoutMs, WORK_ISOLATION_LEVEL } from "./work-transaction.ts";
 
@@ -31,6 +31,12 @@ export async function decideDeadLetter<T>(
      * never looser than the session's. @default 25 s
      */
     readonly timeoutMs?: number;
+    /**
+     * The client's bound, when the delivery has less than `timeoutMs` left
+     * for the decision (its other stages outside the run share that budget).
+     * @default timeoutMs
+     */
+    readonly withinMs?: number;
   },
   write: (tx: WorkTransaction) => Promise<T>,
   /**
@@ -42,6 +48,7 @@ export async function decideDeadLetter<T>(
   late?: (value: T) => void,
 ): Promise<{ readonly status: "duplicate" } | { readonly status: "written"; readonly value: T }> {
   const timeoutMs = target.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  const withinMs = Math.min(timeoutMs, target.withinMs ?? timeoutMs);
   const ms = serverTimeoutMs(timeoutMs);
   // Bounded on the client too, from asking for a connection on: a pool that
   // stays exhausted must not hold the delivery past its visibility timeout.
@@ -49,7 +56,7 @@ export async function decideDeadLetter<T>(
   // step, unless its COMMIT was already sent (then `late` hears of it).
   let gaveUp = false;
   const deciding = db.transaction(async (tx) => {
-    if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
+    if (gaveUp) throw new DecisionTimeoutError(timeoutMs, withinMs);
     await tx.execute(sql`select set_config('statement_timeout', (case when s > 0 and s < ${ms} then ceil(s) else ${ms} end)::bigint || 'ms', true),
   set_config('idle_in_transaction_session_timeout', (case when i > 0 and i < ${ms} then ceil(i) else ${ms} end)::bigint || 'ms', true),
   core.pending_letter_keys_kept()
@@ -61,12 +68,12 @@ export async function decideDeadLetter<T>(
       ),
     );
     if (probe.length === 0) return { status: "duplicate" } as const;
-    if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
+    if (gaveUp) throw new DecisionTimeoutError(timeoutMs, withinMs);
     const value = await write(tx as unknown as WorkTransaction);
     await tx.execute(
       sql`delete from core.processed_jobs where job_id = ${target.jobId} and consumer = ${target.consumer}`,
     );
-    if (gaveUp) throw new DecisionTimeoutError(timeoutMs);
+    if (gaveUp) throw new DecisionTimeoutError(timeoutMs, withinMs);
     return { status: "written", value } as const;
   }, decisionConfig());
   if (late !== undefined) {
@@ -74,17 +81,18 @@ export async function decideDeadLetter<T>(
       if (gaveUp && decided.status === "written") late(decided.value);
     }, noop);
   }
-  return withinMs(deciding, timeoutMs, () => {
+  return bounded(deciding, withinMs, () => {
     gaveUp = true;
-    return new DecisionTimeoutError(timeoutMs);
+    return new DecisionTimeoutError(timeoutMs, withinMs);
   });
 }
 
 /** The dead-letter decision did not end within its consumer's `timeoutMs`. */
 export class DecisionTimeoutError extends Error {
-  constructor(timeoutMs: number) {
+  constructor(timeoutMs: number, withinMs = timeoutMs) {
+    const left = withinMs < timeoutMs ? `, all the delivery had left of it (${withinMs} ms)` : "";
     super(
-      `the dead-letter decision did not end within timeoutMs (${timeoutMs} ms): given up on, it rolls back at its next step`,
+      `the dead-letter decision did not end within timeoutMs (${timeoutMs} ms)${left}: given up on, it rolls back at its next step`,
     );
     this.name = "DecisionTimeoutError";
   }

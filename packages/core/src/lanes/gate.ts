@@ -98,11 +98,12 @@ export class LaneGate {
   }
 
   /** Whether a marketing delivery may go on now; always for a transactional one. */
-  async admit(deferrals: number): Promise<LaneAdmission> {
+  async admit(deferrals: number, ms = this.#timeoutMs): Promise<LaneAdmission> {
     if (this.lane !== "marketing") return { ok: true };
     let size: number;
     try {
-      size = await this.#size();
+      // The read is shared by the deliveries that ask meanwhile, each waiting at most what it has left.
+      size = await withinMs(this.#size(), ms, () => new Error(`no answer within ${ms} ms`));
     } catch (error) {
       return { ok: false, yielded: false, error: `lane backlog unavailable: ${describeError(error)}` };
     }
@@ -118,14 +119,10 @@ export class LaneGate {
   }
 
   /** A transactional job reached a final outcome: out of the backlog. Never throws. */
-  async settled(jobId: string): Promise<void> {
+  async settled(jobId: string, ms = this.#timeoutMs): Promise<void> {
     if (this.lane !== "transactional") return;
     try {
-      await withinMs(
-        this.#backlog.remove(this.channel, jobId),
-        this.#timeoutMs,
-        () => new Error(`no answer within ${this.#timeoutMs} ms`),
-      );
+      await withinMs(this.#backlog.remove(this.channel, jobId), ms, () => new Error(`no answer within ${ms} ms`));
     } catch (error) {
       this.#logger.warn?.(
         `consumer "${this.#consumer}": job ${jobId} could not be taken out of the ${this.channel} transactional backlog (it goes stale instead): ${describeError(error)}`,

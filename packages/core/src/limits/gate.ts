@@ -43,14 +43,14 @@ export class RateGate {
   }
 
   /** A token from every bucket of this delivery, or why it must wait. */
-  async admit(tenantId: string, deferrals: number): Promise<Admission> {
+  async admit(tenantId: string, deferrals: number, ms = this.#timeoutMs): Promise<Admission> {
     const buckets = bucketsOf(this.#limits, this.#consumer, tenantId);
     let taken: Awaited<ReturnType<RateLimiter["take"]>>;
     try {
       taken = await withinMs(
         this.#limiter.take(buckets),
-        this.#timeoutMs,
-        () => new Error(`the rate limiter did not answer within ${this.#timeoutMs} ms`),
+        ms,
+        () => new Error(`the rate limiter did not answer within ${ms} ms`),
       );
     } catch (error) {
       return { ok: false, limited: false, error: `rate limiter unavailable: ${describeError(error)}` };
@@ -67,13 +67,13 @@ export class RateGate {
     };
   }
 
-  /** A provider answered 429: its buckets wait `forMs`, in every process. Never throws. */
-  async providerSaidWait(forMs: number): Promise<void> {
+  /** A provider answered 429: its buckets wait `forMs`, in every process; the limiter gets `ms` to hear it. Never throws. */
+  async providerSaidWait(forMs: number, ms = this.#timeoutMs): Promise<void> {
     const providers = this.#limits.filter((l) => l.scope === "provider");
     if (providers.length === 0) return;
     await Promise.allSettled(
       bucketsOf(providers, this.#consumer, "").map((bucket) =>
-        withinMs(this.#limiter.block(bucket, forMs), this.#timeoutMs, () => new Error("block timed out")),
+        withinMs(this.#limiter.block(bucket, forMs), ms, () => new Error("block timed out")),
       ),
     );
   }
