@@ -36,7 +36,7 @@ export async function decideDeadLetter<T>(
      * for the decision (its other stages outside the run share that budget).
      * @default timeoutMs
      */
-    readonly withinMs?: number;
+    readonly withinMs?: number | undefined;
   },
   write: (tx: WorkTransaction) => Promise<T>,
   /**
