@@ -102,6 +102,9 @@ export function replayOutcomeLine(outcomes: readonly { id: string; outcome: stri
   return (
     `so far: ${count("succeeded")} succeeded, ${count("duplicate")} already done, ${count("failed_again")} failed again, ${count("not_yet")} not yet` +
     (notYet ? ` (look again: pnpm ops dlq show ${notYet.id})` : "") +
+    (count("unknown") > 0
+      ? `, ${count("unknown")} unknown (replayed before the fence cleanup's horizon: look for their effects)`
+      : "") +
     (count("failed_again") > 0 ? " — see pnpm ops dlq failed-after-replay" : "")
   );
 }

@@ -227,6 +227,20 @@ export const pendingLetterKeys = core.table(
   ],
 );
 
+/**
+ * How far the fence TTL cleanup has deleted, per consumer: a fence of the
+ * consumer written before `cleaned_before` may be gone. Written by the
+ * cleanup in the statement (or the transaction) that deletes or detaches,
+ * with the cutoff that statement used, so it commits with what it deleted.
+ * A replayed letter's outcome is read from its job's fence; once its replay
+ * is older than this, no fence no longer means "never ran", and the letter
+ * is never replayed again (`core.ops_reclaim_letter`, migration 0032).
+ */
+export const fenceHorizons = core.table("fence_horizons", {
+  consumer: text("consumer").primaryKey(),
+  cleanedBefore: timestamp("cleaned_before", { withTimezone: true }).notNull(),
+});
+
 export type DeadLetterPayloadRow = typeof deadLetterPayloads.$inferSelect;
 export type DeadLetterRow = typeof deadLetters.$inferSelect;
 export type ProcessedJobRow = typeof processedJobs.$inferSelect;

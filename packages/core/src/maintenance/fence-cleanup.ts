@@ -39,6 +39,7 @@ import {
   earlyInDay,
   ensureFencePartitions,
   fenceIsPartitioned,
+  horizonUpsert,
 } from "./fence-partitions.ts";
 import { checkFenceTtl } from "./fence-ttl.ts";
 
@@ -199,7 +200,8 @@ export function createFenceCleanup(options: FenceCleanupOptions): FenceCleanup {
           select (select count(*)::int from classified c where not c.pending and not c.replay) as deleted,
                  ${figures}, ${lastOfPage}`
             : sql`
-          with ${ctes}, page as (${page}), classified as materialized (${classified}), ${sql.join(victims, sql`, `)}
+          with ${ctes}, page as (${page}), classified as materialized (${classified}), ${sql.join(victims, sql`, `)},
+            horizon as (${horizonUpsert(names, seconds)})
           select ${deletedSum} as deleted, ${figures}, ${lastOfPage}`,
         );
         const [row] = rowsOf<{

@@ -65,6 +65,13 @@ async function pastDay(): Promise<string> {
   return day;
 }
 
+/** How long ago, in ms, the consumer's fence horizon is (`core.fence_horizons`); undefined with none. */
+async function horizonAge(): Promise<number | undefined> {
+  const [row] = await pg.sql<{ ms: number }[]>`
+    select (extract(epoch from now() - cleaned_before) * 1000)::float8 as ms from core.fence_horizons where consumer = ${consumer.name}`;
+  return row?.ms;
+}
+
 beforeEach(async () => {
   await awayFromDayEdges(pg.sql);
   // Each test starts with no partition of a past day (the template's are all ahead).
@@ -157,10 +164,12 @@ describe("a day past the TTL goes with its partition (#23 item 4)", () => {
     await deadLetter(oldReplay, "replayed", 30 * HOUR); // replayed longer than a TTL ago: not kept
     expect(await fenceHome(pg.sql, late, consumer.name)).toBe(`processed_jobs_p${compact(day)}`);
 
+    await pg.sql`delete from core.fence_horizons`;
     const cleanup = createFenceCleanup({ db: pg.db, ttlMs: TTL, consumers: [consumer] });
     const dry = await cleanup.run({ dryRun: true });
     expect(dry).toMatchObject({ partitionsDropped: 1, rowsMovedToDefault: 4, deleted: 0, dryRun: true });
     expect(await fencePartitions(pg.sql)).toContain(day);
+    expect(await horizonAge()).toBeUndefined(); // a dry run deletes nothing, so moves no horizon
 
     const report = await cleanup.run();
     expect(report).toMatchObject({
@@ -173,6 +182,10 @@ describe("a day past the TTL goes with its partition (#23 item 4)", () => {
     });
     expect(await fencePartitions(pg.sql)).not.toContain(day);
     expect(await fencePartitions(pg.sql, true)).not.toContain(day);
+    // The horizon is the cutoff the run deleted with: a TTL ago, as of the run.
+    const age = await horizonAge();
+    expect(age).toBeGreaterThanOrEqual(TTL);
+    expect(age).toBeLessThan(TTL + 60_000);
     for (const id of [pending, replayed, discarded, late]) {
       expect(await fenceHome(pg.sql, id, consumer.name)).toBe("processed_jobs_default");
       expect(await fenceInsert(pg.sql, id)).toHaveLength(0);
@@ -388,6 +401,7 @@ describe("the worker role runs the schedule (#23 item 4)", () => {
       const report = await createFenceCleanup({ db, ttlMs: TTL, consumers: [consumer] }).run();
       expect(report).toMatchObject({ partitionsDropped: 1, rowsMovedToDefault: 1, complete: true });
       expect(await fenceHome(pg.sql, recent, consumer.name)).toBe("processed_jobs_default");
+      expect(await horizonAge()).toBeGreaterThanOrEqual(TTL); // the worker may record how far it deleted
       // It owns nothing and may not change the table itself.
       const refused = await client`alter table core.processed_jobs_default add column x int`.then(
         () => "allowed",

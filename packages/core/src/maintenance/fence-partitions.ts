@@ -196,6 +196,19 @@ export interface DroppedPartitionsReport {
   readonly deferred: number;
 }
 
+/**
+ * Raises the consumers' fence horizon (`core.fence_horizons`) to the cutoff
+ * of a cleanup with this TTL, `now() - ttl`: sent in the statement or the
+ * transaction that deletes with that cutoff, so it commits with the deletion.
+ * In a fixed order, so two cleanups never wait on each other's rows in a cycle.
+ */
+export function horizonUpsert(consumers: readonly string[], seconds: number): SQL {
+  const sorted = [...new Set(consumers)].sort();
+  return sql`insert into core.fence_horizons (consumer, cleaned_before)
+    select c, now() - make_interval(secs => ${seconds}) from unnest(${sql.param(sorted)}::text[]) as c order by c
+    on conflict (consumer) do update set cleaned_before = greatest(core.fence_horizons.cleaned_before, excluded.cleaned_before)`;
+}
+
 /** The range of one day partition, for a query on the parent that only that partition answers. */
 export function dayRange(day: string, alias: string): SQL {
   const column = sql.raw(`${alias}.job_id`);
@@ -307,15 +320,17 @@ export async function dropExpiredFencePartitions(
     let row: { detached: boolean; moved: string | number } | undefined;
     try {
       row = await withLockRetries(options.lockRetries, () =>
-        onDay(
-          day,
-          async (tx) =>
-            rowsOf<{ detached: boolean; moved: string | number }>(
-              await tx.execute(
-                sql`select detached, moved from core.fence_partition_detach(${day}::date, ${seconds}::float8, ${dryRun}, ${options.lockTimeoutMs}::int)`,
-              ),
-            )[0],
-        ),
+        onDay(day, async (tx) => {
+          const detach = rowsOf<{ detached: boolean; moved: string | number }>(
+            await tx.execute(
+              sql`select detached, moved from core.fence_partition_detach(${day}::date, ${seconds}::float8, ${dryRun}, ${options.lockTimeoutMs}::int)`,
+            ),
+          )[0];
+          // In the detach's transaction, so with its now(): after the
+          // DETACH, whose lock waits must not hold a horizon row.
+          if (detach?.detached && !dryRun) await tx.execute(horizonUpsert(names, seconds));
+          return detach;
+        }),
       );
     } catch (error) {
       if (!isLockTimeout(error)) throw error;

@@ -372,22 +372,34 @@ export class DeadLetterOperations {
   /**
    * What became of replayed letters' jobs so far (#21 item 9): succeeded
    * (a fence now), duplicate (a fence from before the replay), failed again
-   * (a newer letter), or not yet. Read-only; letters not replayed are left out.
+   * (a newer letter), not yet, or unknown: replayed before the consumer's
+   * fence horizon, so the fence it wrote may be deleted (migration 0032).
+   * Read-only; letters not replayed are left out.
    */
   async replayOutcomes(
     ids: readonly string[],
-  ): Promise<{ id: string; outcome: "succeeded" | "duplicate" | "failed_again" | "not_yet" }[]> {
+  ): Promise<{ id: string; outcome: "succeeded" | "duplicate" | "failed_again" | "not_yet" | "unknown" }[]> {
     const idList = [...new Set(parseInput(idListSchema, ids, "ids"))];
-    const rows = rowsOf<{ id: string; succeeded: boolean; duplicate: boolean; failed: boolean }>(
+    const rows = rowsOf<{ id: string; succeeded: boolean; duplicate: boolean; failed: boolean; past: boolean }>(
       await this.db.execute(sql`
-        select d.id::text as id, f.succeeded, f.duplicate, f.failed
+        select d.id::text as id, f.succeeded, f.duplicate, f.failed,
+               exists (select 1 from core.fence_horizons h
+                       where h.consumer = d.consumer and d.status_changed_at < h.cleaned_before) as past
         from core.dead_letters d
         cross join lateral core.ops_replay_outcome(d.id, d.job_id, d.consumer, d.status_changed_at) f
         where d.id = any(${sql.param(idList)}::uuid[]) and d.status = 'replayed'`),
     );
     return rows.map((r) => ({
       id: r.id,
-      outcome: r.failed ? "failed_again" : r.duplicate ? "duplicate" : r.succeeded ? "succeeded" : "not_yet",
+      outcome: r.failed
+        ? "failed_again"
+        : r.duplicate
+          ? "duplicate"
+          : r.succeeded
+            ? "succeeded"
+            : r.past
+              ? "unknown"
+              : "not_yet",
     }));
   }
 

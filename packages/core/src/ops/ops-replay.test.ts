@@ -17,6 +17,7 @@ import { bindConsumer } from "../consumer.ts";
 import { deadLetters, opsAudit, replayBatches, replayBatchItems } from "../db/schema.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
 import { isSoftcrumError } from "../errors.ts";
+import { createFenceCleanup } from "../maintenance/fence-cleanup.ts";
 import { createOps, inProcessReplay, type Ops, type ReplayTransport, registeredReplay } from "./index.ts";
 
 const pg = useTestDatabase("ops-replay");
@@ -662,5 +663,37 @@ describe("replaying again a replay that never ran (#21 item 4)", () => {
       "ok",
       "refused",
     ]);
+  });
+
+  test("a replay whose fence the TTL cleanup deleted is never replayed again: whether it ran cannot be known any more", async () => {
+    const [id] = await makeDeadLetters([award("ran-long-ago", 3)]);
+    broken.clear();
+    expect((await ops.deadLetters.replay([id as string], { operator: "ana", reason: "fixed" })).counts).toEqual({
+      replayed: 1,
+    });
+    await queue.drain();
+    const [letter] = await pg.sql<
+      { job_id: string }[]
+    >`select job_id from core.dead_letters where id = ${id as string}`;
+    const jobId = letter?.job_id as string;
+    expect(await effectsOf(jobId)).toBe(1);
+    // Nine days later: the replay and its run are older than the fence's TTL (8 days), so the cleanup deletes the fence.
+    await pg.sql`update core.dead_letters set status_changed_at = status_changed_at - interval '9 days' where id = ${id as string}`;
+    await pg.sql`update core.processed_jobs set processed_at = processed_at - interval '9 days' where job_id = ${jobId}`;
+    const cleanup = createFenceCleanup({ db: pg.db, ttlMs: 8 * 24 * 3_600_000, consumers: [consumer] });
+    expect(await cleanup.run()).toMatchObject({ deleted: 1, complete: true });
+
+    const again = await ops.deadLetters.replayAgain([id as string], { operator: "ana", reason: "did it run?" });
+    expect(again.results).toEqual([
+      { id, outcome: "not_pending", detail: expect.stringMatching(/fence cleanup's horizon .* cannot be known/) },
+    ]);
+    await queue.drain();
+    expect(await effectsOf(jobId)).toBe(1);
+    expect(await statusOf(id as string)).toBe("replayed");
+    expect(await ops.deadLetters.replayOutcomes([id as string])).toEqual([{ id, outcome: "unknown" }]);
+    // Called by hand, the database's function refuses it too.
+    expect(await pg.sql`select * from core.ops_reclaim_letter(${id as string}::uuid, 'ana', 'by hand')`).toHaveLength(
+      0,
+    );
   });
 });

@@ -188,6 +188,20 @@ async function batchMayClaim(
 }
 
 /**
+ * Whether the letter is `replayed` from before its consumer's fence horizon
+ * (`core.fence_horizons`): the cleanup may have deleted the fence its replay
+ * wrote, so no fence no longer says the replay never ran (migration 0032).
+ */
+async function pastFenceHorizon(ops: ClaimOps, id: string): Promise<boolean> {
+  const [row] = rowsOf<{ past: boolean }>(
+    await ops.db.execute(sql`
+      select exists (select 1 from core.dead_letters d join core.fence_horizons h on h.consumer = d.consumer
+                     where d.id = ${id}::uuid and d.status = 'replayed' and d.status_changed_at < h.cleaned_before) as past`),
+  );
+  return row?.past === true;
+}
+
+/**
  * Republishes one letter's original envelope (same job_id, no dedup key)
  * and marks it `replayed`. The status change is conditional and held in the
  * same transaction as the publish: of two operators replaying the same
@@ -332,8 +346,9 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
         if (input.again === true) {
           return {
             outcome: "not_pending" as const,
-            detail:
-              "its replay ran: the job has a fence or a newer letter (look at failed-after-replay), or it changed meanwhile",
+            detail: (await pastFenceHorizon(ops, id))
+              ? "its replay is older than the fence cleanup's horizon for its consumer (fences written before it may be deleted), so whether it ran cannot be known: it is not replayed again; look for its effect, and if there is none publish the job again yourself"
+              : "its replay ran: the job has a fence or a newer letter (look at failed-after-replay), or it changed meanwhile",
             replayBatchId: row.replayBatchId,
           };
         }
