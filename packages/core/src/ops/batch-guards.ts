@@ -56,7 +56,8 @@ export async function stopBetweenChunks(input: {
 /**
  * Waits until every sample job resolved — succeeded, already done, or failed
  * again: all N outcomes, not the first failure (#21 item 7) — keeping the
- * lease (a timeout is a failure to decide). "passed" when none failed again;
+ * lease (a timeout is a failure to decide). "passed" when at least one was
+ * replayed and none failed again;
  * "lost" when the batch stopped being this runner's to run; else why it pauses.
  */
 export async function awaitSample(
@@ -73,9 +74,12 @@ export async function awaitSample(
     if (resolved.failedAgain > 0) ops.metrics.failedAgain(resolved.failedAgain);
     const stats = await sampleStats(ops.db, id);
     if (stats.unresolved === 0) {
-      return stats.failedAgain > 0
-        ? `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`
-        : "passed";
+      if (stats.failedAgain > 0) return `sample: ${stats.failedAgain} of ${stats.replayed} sample jobs failed again`;
+      // A sample whose letters were all handled elsewhere (discarded,
+      // replayed directly) proved nothing: the rest waits for review.
+      if (stats.replayed === 0)
+        return "sample: none of the sample's letters was replayed by this batch, so nothing was proven";
+      return "passed";
     }
     if (signal?.aborted) return "interrupted while waiting for the sample";
     if (ops.clock.now() >= deadline) {

@@ -82,58 +82,63 @@ export class ReplayBatches {
       const filter = { ...parsed.filter, status: undefined };
       // The threshold counts what this requester replayed without approval
       // over the window too: splitting a selection (`limit`) does not avoid it.
-      await this.#db.transaction(async (tx) => {
-        // Counted under the requester's quota lock (see lockReplayQuota): two
-        // batches created at once, or a batch and a direct replay, cannot
-        // both pass the threshold by counting before the other commits.
-        await this.#ops.lockReplayQuota(tx, parsed.operator);
-        const recent = await this.#ops.replayedWithoutApproval(parsed.operator, tx);
-        const letters = await tx
-          .select({ id: deadLetters.id })
-          .from(deadLetters)
-          .where(and(eq(deadLetters.status, "pending_review"), ...filterConditions(filter)))
-          .orderBy(asc(deadLetters.id))
-          .limit(parsed.limit ?? MAX_BATCH_LETTERS);
-        if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
-        // The versions its consumers report now: what the approver approves, and what it runs against (#21 item 6).
-        const versions = await reportedVersions(
-          tx,
-          await consumersOf(
+      await this.#db.transaction(
+        async (tx) => {
+          // Counted under the requester's quota lock (see lockReplayQuota): two
+          // batches created at once, or a batch and a direct replay, cannot
+          // both pass the threshold by counting before the other commits.
+          await this.#ops.lockReplayQuota(tx, parsed.operator);
+          const recent = await this.#ops.replayedWithoutApproval(parsed.operator, tx);
+          const letters = await tx
+            .select({ id: deadLetters.id })
+            .from(deadLetters)
+            .where(and(eq(deadLetters.status, "pending_review"), ...filterConditions(filter)))
+            .orderBy(asc(deadLetters.id))
+            .limit(parsed.limit ?? MAX_BATCH_LETTERS);
+          if (letters.length === 0) throw new OpsError("INVALID_INPUT", "the filter selects no pending dead letter");
+          // The versions its consumers report now: what the approver approves, and what it runs against (#21 item 6).
+          const versions = await reportedVersions(
             tx,
-            letters.map((l) => l.id),
-          ),
-        );
-        // Through the database's function: the requester it records is the
-        // session's role (or a trusted service's named subject).
-        const row = {
-          id,
-          filter: jsonFilter(parsed.filter),
-          reason: parsed.reason,
-          rate_per_second: parsed.ratePerSecond,
-          rate_share: parsed.rateShareOfLive ?? null,
-          rate_floor: rateFloor,
-          batch_size: parsed.batchSize,
-          sample_size: parsed.sampleSize ?? null,
-          max_failure_rate: parsed.maxFailureRate,
-          max_duplicate_rate: parsed.maxDuplicateRate,
-          max_rate_limited_multiple: parsed.maxRateLimitedMultiple,
-          max_latency_multiple: parsed.maxLatencyMultiple,
-          expires_at: expiresAt.toISOString(),
-          created_at: now.toISOString(),
-          consumer_versions: Object.keys(versions).length > 0 ? versions : null,
-        };
-        await tx.execute(sql`
+            await consumersOf(
+              tx,
+              letters.map((l) => l.id),
+            ),
+          );
+          // Through the database's function: the requester it records is the
+          // session's role (or a trusted service's named subject).
+          const row = {
+            id,
+            filter: jsonFilter(parsed.filter),
+            reason: parsed.reason,
+            rate_per_second: parsed.ratePerSecond,
+            rate_share: parsed.rateShareOfLive ?? null,
+            rate_floor: rateFloor,
+            batch_size: parsed.batchSize,
+            sample_size: parsed.sampleSize ?? null,
+            max_failure_rate: parsed.maxFailureRate,
+            max_duplicate_rate: parsed.maxDuplicateRate,
+            max_rate_limited_multiple: parsed.maxRateLimitedMultiple,
+            max_latency_multiple: parsed.maxLatencyMultiple,
+            expires_at: expiresAt.toISOString(),
+            created_at: now.toISOString(),
+            consumer_versions: Object.keys(versions).length > 0 ? versions : null,
+          };
+          await tx.execute(sql`
           select core.ops_create_batch(${JSON.stringify(row)}::jsonb, ${parsed.operator},
             ${letters.length + recent > this.#policy.approvalThreshold},
             ${sql.param(letters.map((l) => l.id))}::uuid[], ${parsed.sampleSize ?? 0})`);
-      });
+          // Read committed whatever the database's default: the count after the
+          // quota lock must see what the other claim or batch committed meanwhile.
+        },
+        { isolationLevel: "read committed" },
+      );
       return this.get(id);
     });
   }
 
   /** A second operator approves a large batch; the requester cannot approve their own. */
   async approve(id: string, input: { operator: string }): Promise<BatchView> {
-    return this.#ops.audited(operatorName(input?.operator), "batch.approve", { batchId: id }, async () => {
+    return this.#ops.audited(operatorName(input?.operator), "batch.approve", { batchId: scopeId(id) }, async () => {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const batch = await this.#load(id);
       // Case-insensitively: "Ana" approving "ana"'s batch is the requester approving it.
@@ -158,7 +163,7 @@ export class ReplayBatches {
   }
 
   async pause(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
-    const scope = { batchId: id, reason: input?.reason };
+    const scope = { batchId: scopeId(id), reason: input?.reason };
     return this.#ops.audited(operatorName(input?.operator), "batch.pause", scope, async () => {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const reason = parseInput(reasonSchema, input?.reason, "reason");
@@ -172,7 +177,7 @@ export class ReplayBatches {
    * the operator's decision to go on anyway; the failure rate counts afresh from now.
    */
   async resume(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
-    const scope = { batchId: id, reason: input?.reason };
+    const scope = { batchId: scopeId(id), reason: input?.reason };
     return this.#ops.audited(operatorName(input?.operator), "batch.resume", scope, async () => {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const reason = parseInput(reasonSchema, input?.reason, "reason");
@@ -184,7 +189,7 @@ export class ReplayBatches {
   }
 
   async stop(id: string, input: { operator: string; reason: string }): Promise<BatchView> {
-    const scope = { batchId: id, reason: input?.reason };
+    const scope = { batchId: scopeId(id), reason: input?.reason };
     return this.#ops.audited(operatorName(input?.operator), "batch.stop", scope, async () => {
       const operator = parseInput(operatorSchema, input?.operator, "operator");
       const reason = parseInput(reasonSchema, input?.reason, "reason");
@@ -246,7 +251,7 @@ export class ReplayBatches {
         .audit({
           operator,
           action: "batch.run",
-          scope: { batchId: id },
+          scope: { batchId: scopeId(id) },
           // Like every library refusal (#audited): a state or rule that refused it is "rejected".
           result: error instanceof OpsError ? "rejected" : "error",
           detail: error instanceof Error ? error.message : String(error),
@@ -273,7 +278,7 @@ export class ReplayBatches {
     // Nothing to run: said, and audited like every refusal (#21 item 6).
     const nothingToRun = async (detail: string) =>
       this.#ops
-        .audit({ operator, action: "batch.run", scope: { batchId: id }, result: "rejected", detail })
+        .audit({ operator, action: "batch.run", scope: { batchId: scopeId(id) }, result: "rejected", detail })
         .catch(() => {});
     if (TERMINAL.includes(first.status)) {
       await nothingToRun(`batch ${id} is ${first.status}; nothing to run`);
@@ -320,7 +325,7 @@ export class ReplayBatches {
     await this.#ops.audit({
       operator,
       action: "batch.run",
-      scope: { batchId: id },
+      scope: { batchId: scopeId(id) },
       result: "ok",
       detail: `runner ${runner}`,
     });
@@ -355,7 +360,7 @@ export class ReplayBatches {
         await this.#ops.audit({
           operator,
           action: "batch.pause",
-          scope: { batchId: id, automatic: cause !== "interrupted", cause },
+          scope: { batchId: scopeId(id), automatic: cause !== "interrupted", cause },
           result: "ok",
           detail: stopReason,
         });
@@ -493,7 +498,9 @@ export class ReplayBatches {
           await drain();
           return this.get(id);
         }
-        if (batch.expiresAt.getTime() <= clock.now()) {
+        // Expired by this runner's clock or by the database's (a lagging clock
+        // must not run a batch past its expiresAt: the claims refuse it then).
+        if (batch.expiresAt.getTime() <= clock.now() || (await this.#expiredForDatabase(id))) {
           await drain();
           return await this.#finish(id, "expired", "expired before it finished", operator);
         }
@@ -613,6 +620,16 @@ export class ReplayBatches {
     }
   }
 
+  /** Whether the batch is past its expiresAt by the database's clock. */
+  async #expiredForDatabase(id: string): Promise<boolean> {
+    const [row] = rowsOf<{ expired: boolean }>(
+      await this.#db.execute(
+        sql`select expires_at <= now() as expired from core.replay_batches where id = ${id}::uuid`,
+      ),
+    );
+    return row?.expired === true;
+  }
+
   async #load(id: string): Promise<ReplayBatchRow> {
     const batchId = parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
     const [batch] = await this.#db.select().from(replayBatches).where(eq(replayBatches.id, batchId));
@@ -689,3 +706,12 @@ export {
 } from "./batch-input.ts";
 export { RESOLVE_PAGE } from "./batch-resolution.ts";
 export type { DeadLetterFilter };
+
+/**
+ * A batch's id as the audit records it: lower case, as the database prints
+ * a uuid, so `scope->>'batchId' = '<batch-id>'` finds the entries of a
+ * control given the id in upper case (the API accepts either).
+ */
+function scopeId(id: unknown): unknown {
+  return typeof id === "string" ? id.toLowerCase() : id;
+}

@@ -15,9 +15,15 @@ const text = noNul(z.string().trim().min(1).max(200));
  * A point in time: a Date, or an ISO 8601 date-time WITH its offset. Without
  * one ("2026-11-29T08:00") the meaning would depend on the machine's time zone.
  */
-const instant = z.union([z.date(), z.iso.datetime({ offset: true }).transform((text) => new Date(text))], {
-  error: "must be a date/time (ISO 8601 with an offset, e.g. 2026-11-29T08:00:00Z)",
-});
+const instant = z
+  .union([z.date(), z.iso.datetime({ offset: true }).transform((text) => new Date(text))], {
+    error: "must be a date/time (ISO 8601 with an offset, e.g. 2026-11-29T08:00:00Z)",
+  })
+  // Years the database's timestamps take as sent (a year 0, or 10000 after
+  // the offset, is a database error, which the HTTP API answered with a 500).
+  .refine((at) => at.getUTCFullYear() >= 1 && at.getUTCFullYear() <= 9999, {
+    error: "must be a date/time between the years 1 and 9999 (UTC)",
+  });
 
 /** Which dead letters an operation looks at. Every field narrows; none means all. */
 export const deadLetterFilterSchema = z

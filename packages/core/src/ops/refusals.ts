@@ -73,17 +73,11 @@ export class UnauthenticatedAudit {
       actions: { [entry.action]: 1 },
       lastPath: entry.path.slice(0, 200),
     };
+    // Through the database's function (migration 0033): the HTTP API's login
+    // may write these counting rows and no other audit row.
     await this.#db.execute(sql`
-      insert into core.ops_audit (id, at, operator, action, scope, result, detail)
-      values (${id}::uuid, ${new Date(minute).toISOString()}::timestamptz, '(unauthenticated)', ${UNAUTHENTICATED_ACTION},
-              ${JSON.stringify(scope)}::jsonb, 'refused', ${entry.detail.slice(0, 500)})
-      on conflict (id) do update set
-        scope = jsonb_set(
-                  jsonb_set(core.ops_audit.scope, '{count}', to_jsonb(coalesce((core.ops_audit.scope ->> 'count')::int, 0) + 1)),
-                  array['actions', ${entry.action}],
-                  to_jsonb(coalesce((core.ops_audit.scope -> 'actions' ->> ${entry.action})::int, 0) + 1))
-                || jsonb_build_object('lastPath', ${scope.lastPath}::text),
-        detail = excluded.detail`);
+      select core.ops_count_unauthenticated(${id}::uuid, ${new Date(minute).toISOString()}::timestamptz,
+        ${entry.action}, ${JSON.stringify(scope)}::jsonb, ${scope.lastPath}, ${entry.detail.slice(0, 500)})`);
   }
 }
 

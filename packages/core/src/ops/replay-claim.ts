@@ -159,18 +159,24 @@ async function batchMayClaim(
     status: string;
     lease_owner: string | null;
     expires_at: string | Date;
+    expired: boolean;
     approved_by: string | null;
     requested_by: string;
   }>(
+    // Expired by the database's clock too: a runner whose clock lags would
+    // otherwise run a batch past its expiresAt (leases are the database's
+    // time for the same reason, migration 0023).
     await tx.execute(sql`
-      select status, lease_owner, expires_at, approved_by, requested_by
+      select status, lease_owner, expires_at, expires_at <= now() as expired, approved_by, requested_by
       from core.replay_batches where id = ${batchId}`),
   );
   const now = ops.clock.now();
   if (!batch) return { cause: "state", reason: `batch ${batchId} no longer exists` };
   if (batch.status !== "running") return { cause: "state", reason: `batch is ${batch.status}` };
   if (batch.lease_owner !== guard.runner) return { cause: "state", reason: "another runner took the batch over" };
-  if (new Date(batch.expires_at).getTime() <= now) return { cause: "expired", reason: "expired before it finished" };
+  if (batch.expired || new Date(batch.expires_at).getTime() <= now) {
+    return { cause: "expired", reason: "expired before it finished" };
+  }
   if (guard.deadline !== null && now >= guard.deadline) {
     return { cause: "deadline", reason: "this run's maxDurationMs is over" };
   }
@@ -258,56 +264,64 @@ export async function replayOne(ops: ClaimOps, id: string, input: ReplayOneInput
   const deliver = ops.replayTransport.deliverReplay?.bind(ops.replayTransport);
   try {
     return await ops.db
-      .transaction(async (tx) => {
-        if (input.batchId === null) {
-          // A direct replay: the two-person rule, checked where it cannot race.
-          await lockReplayQuota(tx, input.operator);
-          const recent = await replayedWithoutApproval(ops, input.operator, tx);
-          if (recent >= ops.approvalThreshold) return { outcome: "needs_approval" as const, recent };
-        } else if (input.guard !== undefined) {
-          const halt = await batchMayClaim(ops, tx, input.batchId, input.guard);
-          if (halt !== undefined) return { outcome: "halted" as const, halt };
-        }
-        // Through the database's function: it records the session's role (or
-        // a trusted service's named subject) as who replayed, and claims a
-        // batch's letter only while that batch runs under this runner.
-        const [claimed] = rowsOf<{ queue: string; consumer: string }>(
-          await tx.execute(
-            input.again === true
-              ? sql`select queue, consumer from core.ops_reclaim_letter(${id}::uuid, ${input.operator}, ${input.reason})`
-              : sql`
+      .transaction(
+        async (tx) => {
+          if (input.batchId === null) {
+            // A direct replay: the two-person rule, checked where it cannot race.
+            await lockReplayQuota(tx, input.operator);
+            const recent = await replayedWithoutApproval(ops, input.operator, tx);
+            if (recent >= ops.approvalThreshold) return { outcome: "needs_approval" as const, recent };
+          } else if (input.guard !== undefined) {
+            const halt = await batchMayClaim(ops, tx, input.batchId, input.guard);
+            if (halt !== undefined) return { outcome: "halted" as const, halt };
+          }
+          // Through the database's function: it records the session's role (or
+          // a trusted service's named subject) as who replayed, and claims a
+          // batch's letter only while that batch runs under this runner.
+          const [claimed] = rowsOf<{ queue: string; consumer: string }>(
+            await tx.execute(
+              input.again === true
+                ? sql`select queue, consumer from core.ops_reclaim_letter(${id}::uuid, ${input.operator}, ${input.reason})`
+                : sql`
             select queue, consumer from core.ops_claim_letter(${id}::uuid, ${input.operator}, ${input.reason},
               ${input.batchId}::uuid, ${input.guard?.runner ?? null})`,
-          ),
-        );
-        if (!claimed) return { outcome: "lost" as const };
-        if (deliver) return { outcome: "claimed" as const, claimed };
-        // Only to the letter's consumer, on its replay lane: the queue's other
-        // consumers either have their fence already or had their own letter
-        // for this job handled separately (perhaps discarded on purpose).
-        // Delivered as a replay: an operator asked for it, so it is not expired (maxAgeMs).
-        // No answer in time is no answer: not stored (rolled back below).
-        const receipt = await withinMs(
-          ops.replayTransport.publishReplay(claimed.queue, claimed.consumer, body),
-          ops.publishTimeoutMs,
-          () =>
-            new Error(
-              `the transport did not answer the replay's publish within ${ops.publishTimeoutMs} ms; replay it again`,
             ),
-        );
-        // Only a copy the transport says it stored makes the letter
-        // `replayed`. A 202 ("accepted for deferred processing": stored
-        // later, or never) rolls this back: the letter stays pending, and a
-        // copy stored after all finds it pending at its fence and does not run.
-        if (!isStored(receipt)) {
-          throw new Error(
-            "the transport accepted the replay without confirming it is stored (a Vercel 202); replay it again",
           );
-        }
-        published = true;
-        ops.metrics.replayed(claimed);
-        return { outcome: "replayed" as const };
-      })
+          if (!claimed) return { outcome: "lost" as const };
+          if (deliver) return { outcome: "claimed" as const, claimed };
+          // Only to the letter's consumer, on its replay lane: the queue's other
+          // consumers either have their fence already or had their own letter
+          // for this job handled separately (perhaps discarded on purpose).
+          // Delivered as a replay: an operator asked for it, so it is not expired (maxAgeMs).
+          // No answer in time is no answer: not stored (rolled back below).
+          const receipt = await withinMs(
+            ops.replayTransport.publishReplay(claimed.queue, claimed.consumer, body),
+            ops.publishTimeoutMs,
+            () =>
+              new Error(
+                `the transport did not answer the replay's publish within ${ops.publishTimeoutMs} ms; replay it again`,
+              ),
+          );
+          // Only a copy the transport says it stored makes the letter
+          // `replayed`. A 202 ("accepted for deferred processing": stored
+          // later, or never) rolls this back: the letter stays pending, and a
+          // copy stored after all finds it pending at its fence and does not run.
+          if (!isStored(receipt)) {
+            throw new Error(
+              "the transport accepted the replay without confirming it is stored (a Vercel 202); replay it again",
+            );
+          }
+          published = true;
+          ops.metrics.replayed(claimed);
+          return { outcome: "replayed" as const };
+          // Read committed whatever the database's default: the batch's and the
+          // quota's locks are waited for inside, and what is read after them
+          // must be what the pause, the stop or the other claim committed (a
+          // snapshot from before the wait let a claim run after a pause
+          // returned, and two claims pass the approval threshold).
+        },
+        { isolationLevel: "read committed" },
+      )
       .then(async (result) => {
         if (result.outcome === "claimed") {
           if (!deliver) throw new Error("claimed for an in-process delivery without one");
