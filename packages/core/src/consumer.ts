@@ -417,7 +417,18 @@ class ConsumerRunner<TSchema extends z.ZodType> implements BoundConsumer {
       });
     }
     // The jobs this one wrote to the outbox exist now: have them published.
-    if (ran.status === "committed" && context?.wroteOutbox) this.#outboxRelay?.wake();
+    if (ran.status === "committed" && context?.wroteOutbox) {
+      try {
+        this.#outboxRelay?.wake();
+      } catch (thrown) {
+        // The job committed: a wake that throws must not turn that into a
+        // failure (redelivered, a duplicate). The relay's poll finds the rows.
+        this.#logger.warn(`outbox relay wake() failed; the job's outcome stands: ${describeError(thrown)}`, {
+          consumer: this.name,
+          jobId: envelope.job_id,
+        });
+      }
+    }
     // 3. Duplicate: acknowledged silently, counted.
     const outcome = ran.status === "committed" ? "success" : "duplicate";
     this.#metrics.handlerDuration(duration, this.#attributes(outcome));

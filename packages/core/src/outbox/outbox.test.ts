@@ -8,7 +8,8 @@ import { effects, silentLogger, useEffectsDatabase } from "../../test/fixtures.t
 import { createMemoryQueue, type DeliveryEvent } from "../adapters/memory/index.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
-import { InvalidEnvelopeError, isSoftcrumError } from "../errors.ts";
+import { InvalidConfigError, InvalidEnvelopeError, isSoftcrumError } from "../errors.ts";
+import type { Logger } from "../ports/logger.ts";
 import type { PublishReceipt, QueuePort } from "../queue-port.ts";
 import { createOutboxRelay } from "./index.ts";
 import { outboxIn } from "./writer.ts";
@@ -61,8 +62,12 @@ function notification(points: number, correlationId?: string): Envelope {
 }
 
 /** A pool of its own (closed after the file), named so a test can find and kill its backend. */
-function connect(applicationName: string, max = 2) {
-  const client = postgres(pg.url, { max, onnotice: () => {}, connection: { application_name: applicationName } });
+function connect(applicationName: string, max = 2, settings: Record<string, string | number> = {}) {
+  const client = postgres(pg.url, {
+    max,
+    onnotice: () => {},
+    connection: { application_name: applicationName, ...settings },
+  });
   closers.push(() => client.end({ timeout: 5 }));
   return drizzle({ client });
 }
@@ -107,6 +112,37 @@ describe("writing to the outbox", () => {
     expect((await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).outcome).toBe("duplicate");
     expect(await outboxRows()).toHaveLength(1);
     expect(wakes).toBe(1);
+  });
+
+  test("a relay whose wake() throws leaves a committed job a success; the failure is logged", async () => {
+    const bound = bindConsumer(awardConsumer(false), {
+      db: pg.db,
+      logger: silentLogger,
+      outboxRelay: {
+        wake() {
+          throw new Error("relay wiring broken");
+        },
+      },
+    });
+    const job = createEnvelope({ tenantId: "acme", kind: "points.award.v1", data: { customerId: "c-1", points: 3 } });
+    const result = await bound.deliver({ body: JSON.stringify(job), deliveryCount: 1 }).catch((e: unknown) => e);
+    expect(result).toMatchObject({ outcome: "success", ack: true });
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: false })]);
+    expect(silentLogger.lines).toEqual([
+      expect.stringMatching(/^warn outbox relay wake\(\) failed.*relay wiring broken/),
+    ]);
+  });
+
+  test("a delayMs beyond 100 years is refused with InvalidConfigError at the call, and the caller's transaction goes on", async () => {
+    const refused = await pg.db.transaction(async (tx) => {
+      const out = outboxIn(tx);
+      const error = await out.publish(NOTIFY_QUEUE, notification(1), { delayMs: 1e16 }).catch((e: unknown) => e);
+      await out.publish(NOTIFY_QUEUE, notification(2)); // the transaction is still usable
+      await out.publish(NOTIFY_QUEUE, notification(3), { delayMs: 100 * 365.25 * 86_400_000 }); // the longest
+      return error;
+    });
+    expect(refused).toBeInstanceOf(InvalidConfigError);
+    expect(await outboxRows()).toHaveLength(2);
   });
 
   test("a rolled-back handler leaves no outbox row, and its relay is not woken (#9 item 3)", async () => {
@@ -177,8 +213,8 @@ describe("the outbox relay", () => {
     });
     const { queue, outcomes } = notifyQueue();
     const relay = createOutboxRelay({ db: pg.db, queue, logger: silentLogger });
-    expect(await relay.run()).toEqual({ published: 3, failed: 0, unconfirmed: 0, batches: 1 });
-    expect(await relay.run()).toEqual({ published: 0, failed: 0, unconfirmed: 0, batches: 1 });
+    expect(await relay.run()).toEqual({ published: 3, failed: 0, parked: 0, unconfirmed: 0, batches: 1 });
+    expect(await relay.run()).toEqual({ published: 0, failed: 0, parked: 0, unconfirmed: 0, batches: 1 });
     await queue.drain();
     expect(outcomes()).toEqual(["success", "success", "success"]);
     expect(await effectsOf("test.notify-partner")).toEqual({ n: 3, jobs: 3 });
@@ -391,5 +427,196 @@ describe("the outbox relay", () => {
     const relay = createOutboxRelay({ db: pg.db, queue: notifyQueue().queue, logger: silentLogger });
     expect(await relay.prune()).toBe(1);
     expect(await outboxRows()).toEqual([expect.objectContaining({ published: false })]);
+  });
+});
+
+/** A port that records every publish per job_id and answers stored; `failFor` rows throw `failWith()`. */
+function recordingPort(opts: { delayMs?: number; failFor?: Set<string>; failWith?: () => Error } = {}) {
+  const published = new Map<string, number>();
+  const port: Pick<QueuePort, "publish"> = {
+    async publish(_queue, payload): Promise<PublishReceipt> {
+      if (opts.delayMs) await new Promise((r) => setTimeout(r, opts.delayMs));
+      if (opts.failFor?.has(payload.job_id)) throw (opts.failWith ?? (() => new Error("refused")))();
+      published.set(payload.job_id, (published.get(payload.job_id) ?? 0) + 1);
+      return { messageId: `m-${payload.job_id}`, stored: true };
+    },
+  };
+  return { port, published };
+}
+
+/** `runs` passes of `relay`, each as its report's counts or what it threw. */
+async function passes(relay: ReturnType<typeof createOutboxRelay>, runs: number) {
+  const outcomes: string[] = [];
+  for (let pass = 0; pass < runs; pass++) {
+    outcomes.push(
+      await relay.run().then(
+        (r) => `published ${r.published} failed ${r.failed} parked ${r.parked}`,
+        (e: unknown) => `threw ${String(e).slice(0, 200)}`,
+      ),
+    );
+  }
+  return outcomes;
+}
+
+describe("the relay's bookkeeping holds whatever the session, the errors and the logger", () => {
+  test("a batch whose publishes outlast the session's idle_in_transaction_session_timeout still marks its rows: each published once", async () => {
+    const sent = Array.from({ length: 4 }, (_, i) => notification(i + 1));
+    await pg.db.transaction(async (tx) => {
+      for (const e of sent) await outboxIn(tx).publish(NOTIFY_QUEUE, e);
+    });
+    // Sessions that may idle in a transaction 300 ms at most (a role's or a
+    // database's setting); the batch publishes for 4 × 150 ms without SQL.
+    const db = connect("outbox-relay-idle-bound", 2, { idle_in_transaction_session_timeout: 300 });
+    const { port, published } = recordingPort({ delayMs: 150 });
+    const relay = createOutboxRelay({ db, queue: port, logger: silentLogger, publishTimeoutMs: 10_000 });
+    expect(await passes(relay, 3)).toEqual([
+      "published 4 failed 0 parked 0",
+      "published 0 failed 0 parked 0",
+      "published 0 failed 0 parked 0",
+    ]);
+    expect([...published.values()]).toEqual([1, 1, 1, 1]);
+    expect((await outboxRows()).every((r) => r.published && r.attempts === 1)).toBe(true);
+  });
+
+  test("a relay frozen inside its batch is still cut off by the server, about publishTimeoutMs plus a second later", async () => {
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, notification(1)));
+    // No idle bound of the session's own: the relay's is the only one.
+    const db = connect("outbox-relay-frozen", 1, { idle_in_transaction_session_timeout: 0 });
+    const frozen: Pick<QueuePort, "publish"> = {
+      async publish() {
+        const until = Date.now() + 2_500; // the event loop blocked: no timer of the relay's fires
+        while (Date.now() < until) {}
+        return { messageId: "m-frozen", stored: true };
+      },
+    };
+    const relay = createOutboxRelay({ db, queue: frozen, logger: silentLogger, publishTimeoutMs: 200 });
+    await expect(relay.run()).rejects.toThrow(/CONNECTION_CLOSED/); // the server ended the session
+    expect(await outboxRows()).toEqual([expect.objectContaining({ published: false, attempts: 0 })]);
+  });
+
+  test("a publish error whose text holds a NUL byte is recorded without it; the batch's other rows stay marked", async () => {
+    const good = notification(1);
+    const bad = notification(2);
+    await pg.db.transaction(async (tx) => {
+      await outboxIn(tx).publish(NOTIFY_QUEUE, good);
+      await outboxIn(tx).publish(NOTIFY_QUEUE, bad);
+    });
+    const { port, published } = recordingPort({
+      failFor: new Set([bad.job_id]),
+      failWith: () => new Error("upstream said \u0000\u0001 garbage"),
+    });
+    const relay = createOutboxRelay({ db: pg.db, queue: port, logger: silentLogger, random: () => 0 });
+    expect(await passes(relay, 3)).toEqual([
+      "published 1 failed 1 parked 0",
+      "published 0 failed 0 parked 0",
+      "published 0 failed 0 parked 0",
+    ]);
+    expect(published.get(good.job_id)).toBe(1);
+    const after = await outboxRows();
+    expect(after.find((r) => r.job_id === good.job_id)).toMatchObject({ published: true });
+    expect(after.find((r) => r.job_id === bad.job_id)).toMatchObject({
+      published: false,
+      attempts: 1,
+      last_error: "Error: upstream said \u0001 garbage",
+    });
+  });
+
+  test("a logger that throws changes nothing: the stored row is marked once, the failed one recorded", async () => {
+    const good = notification(1);
+    const bad = notification(2);
+    await pg.db.transaction(async (tx) => {
+      await outboxIn(tx).publish(NOTIFY_QUEUE, good);
+      await outboxIn(tx).publish(NOTIFY_QUEUE, bad);
+    });
+    const { port, published } = recordingPort({ failFor: new Set([bad.job_id]) });
+    const throwing: Logger = {
+      warn() {
+        throw new Error("log sink down");
+      },
+      error() {
+        throw new Error("log sink down");
+      },
+    };
+    const relay = createOutboxRelay({ db: pg.db, queue: port, logger: throwing, random: () => 0 });
+    expect(await passes(relay, 3)).toEqual([
+      "published 1 failed 1 parked 0",
+      "published 0 failed 0 parked 0",
+      "published 0 failed 0 parked 0",
+    ]);
+    expect(published.get(good.job_id)).toBe(1);
+    expect(await outboxRows()).toEqual([
+      expect.objectContaining({ job_id: good.job_id, published: true }),
+      expect.objectContaining({ job_id: bad.job_id, published: false, attempts: 1 }),
+    ]);
+  });
+
+  test("a row the port refuses for good (InvalidConfigError) is parked with its error and an error log, never published again; the runbook's release sends it", async () => {
+    const refused = notification(1);
+    const fine = notification(2);
+    await pg.db.transaction(async (tx) => {
+      await outboxIn(tx).publish(NOTIFY_QUEUE, refused);
+      await outboxIn(tx).publish(NOTIFY_QUEUE, fine);
+    });
+    let tries = 0;
+    let refusing = true;
+    const { queue, outcomes } = notifyQueue();
+    const port: Pick<QueuePort, "publish"> = {
+      publish(name, payload, opts) {
+        if (payload.job_id !== refused.job_id) return queue.publish(name, payload, opts);
+        tries += 1;
+        return refusing
+          ? Promise.reject(new InvalidConfigError("publish: this transport cannot carry it"))
+          : queue.publish(name, payload, opts);
+      },
+    };
+    const relay = createOutboxRelay({ db: pg.db, queue: port, logger: silentLogger, random: () => 0 });
+    expect(await passes(relay, 2)).toEqual(["published 1 failed 0 parked 1", "published 0 failed 0 parked 0"]);
+    expect(tries).toBe(1);
+    const [parked] = await pg.sql<{ attempts: number; last_error: string; parked: boolean }[]>`
+      select attempts, last_error, available_at = 'infinity' as parked from core.outbox where job_id = ${refused.job_id}`;
+    expect(parked).toEqual({
+      attempts: 1,
+      parked: true,
+      last_error: expect.stringMatching(/^parked, .*InvalidConfigError.*cannot carry it/),
+    });
+    expect(silentLogger.lines).toEqual([
+      expect.stringMatching(/^error outbox relay: row .* parked: .*cannot carry it/),
+    ]);
+
+    // Fixed, and released as runbooks/outbox.md says.
+    refusing = false;
+    await pg.sql`update core.outbox set available_at = now() where published_at is null and available_at = 'infinity'`;
+    expect(await relay.run()).toMatchObject({ published: 1, parked: 0 });
+    await queue.drain();
+    expect(outcomes()).toEqual(["success", "success"]);
+  });
+});
+
+describe("the relay's options", () => {
+  test("publishTimeoutMs and pollIntervalMs beyond a timer's 2^31 − 1 ms are refused with InvalidConfigError; the longest one works", async () => {
+    const { port } = recordingPort();
+    for (const option of ["publishTimeoutMs", "pollIntervalMs"] as const) {
+      expect(() => createOutboxRelay({ db: pg.db, queue: port, logger: silentLogger, [option]: 2 ** 31 })).toThrow(
+        InvalidConfigError,
+      );
+    }
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, notification(1)));
+    // Its server-side idle bound is capped at the setting's own maximum.
+    const longest = createOutboxRelay({ db: pg.db, queue: port, logger: silentLogger, publishTimeoutMs: 2 ** 31 - 1 });
+    expect(await longest.run()).toMatchObject({ published: 1, failed: 0 });
+  });
+
+  test("a keepPublishedMs beyond 100 years is refused with InvalidConfigError; the longest one prunes without failing", async () => {
+    const { port } = recordingPort();
+    expect(() => createOutboxRelay({ db: pg.db, queue: port, logger: silentLogger, keepPublishedMs: 1e15 })).toThrow(
+      /keepPublishedMs must be at most/,
+    );
+    const relay = createOutboxRelay({
+      db: pg.db,
+      queue: port,
+      logger: silentLogger,
+      keepPublishedMs: 100 * 365.25 * 86_400_000,
+    });
+    await expect(relay.prune()).resolves.toBe(0);
   });
 });

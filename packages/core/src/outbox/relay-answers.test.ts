@@ -137,3 +137,49 @@ describe("the relay's batch transaction", () => {
     ]);
   });
 });
+
+describe("an envelope the transport can never carry", () => {
+  test("an outbox row too large for Vercel Queues (InvalidEnvelopeError on publish) is parked with its error and an error log, not retried forever", async () => {
+    const h = await vercelHarness("poll", { maxMessageBytes: 4096 });
+    closers.push(() => h.close());
+    const consumer = notifyConsumer();
+    h.subscribe(bindConsumer(consumer, { db: pg.db, logger: silentLogger }));
+    // outboxIn accepts it (a valid envelope of ~5 KB): only the transport knows its limit.
+    const big = createEnvelope({
+      tenantId: "acme",
+      kind: "partner.notify.v1",
+      data: { points: 1, note: "x".repeat(5_000) },
+    });
+    await pg.db.transaction((tx) => outboxIn(tx).publish(consumer.queue, big));
+    let publishes = 0;
+    const counting: Pick<QueuePort, "publish"> = {
+      publish(...args) {
+        publishes += 1;
+        return h.queue.publish(...args);
+      },
+    };
+    const lines: string[] = [];
+    const relay = createOutboxRelay({
+      db: pg.db,
+      queue: counting,
+      random: () => 0,
+      logger: { warn: (m) => lines.push(`warn ${m}`), error: (m) => lines.push(`error ${m}`) },
+    });
+    expect(await relay.run()).toMatchObject({ published: 0, failed: 0, parked: 1 });
+    // Even when every row is due again (the runbook's "send at once" leaves it parked).
+    await pg.sql`update core.outbox set available_at = now()
+                 where published_at is null and attempts > 0 and available_at <> 'infinity'`;
+    expect(await relay.run()).toMatchObject({ published: 0, failed: 0, parked: 0 });
+    expect(publishes).toBe(1);
+    expect(await rows()).toEqual([
+      expect.objectContaining({
+        published: false,
+        attempts: 1,
+        last_error: expect.stringMatching(/^parked, .*InvalidEnvelopeError.*bytes/),
+      }),
+    ]);
+    expect(lines).toEqual([expect.stringMatching(/^error outbox relay: row .* parked: .*InvalidEnvelopeError/)]);
+    await h.settle();
+    expect(await effectsOf(consumer.name)).toBe(0);
+  });
+});

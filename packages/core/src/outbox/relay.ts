@@ -9,7 +9,11 @@
  * operation. The batch's publishes share one bound, `publishTimeoutMs`: a
  * transport that hangs keeps the transaction (its row locks, its connection,
  * its xid) open that long at most, and the rows it did not reach stay due for
- * the next batch, untouched.
+ * the next batch, untouched. The same bound (plus a grace) is the batch's
+ * server-side idle-in-transaction bound, whatever the session's: the batch
+ * sends no SQL while it publishes, and a tighter bound of the role or the
+ * database would kill it before its marks, every pass, so that the same rows
+ * were published again forever; a frozen relay is still cut off.
  *
  * A row is marked published only when the transport says its message is
  * stored (`PublishReceipt.stored`: a Vercel 201). The relay is a republishing
@@ -21,15 +25,26 @@
  * stored. Publishing again is safe: the copy carries the same job_id, so the
  * consuming harness's fence turns a second copy into a `duplicate` — as it
  * does when a relay dies after publishing and before its COMMIT.
+ *
+ * A refusal that no retry can change — the port's `InvalidEnvelopeError` (an
+ * envelope too large for the transport) or `InvalidConfigError` — parks the
+ * row instead: `available_at` becomes infinity, `last_error` says why, and
+ * the relay logs an error. Published again every few minutes it would only
+ * hide a job that never runs; parked, it waits for an operator
+ * (`runbooks/outbox.md`).
  */
 import { sql } from "drizzle-orm";
 import { LAST_ERROR_MAX } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
-import { describeError } from "../errors.ts";
+import { serverTimeoutMs } from "../db/work-transaction.ts";
+import { describeError, InvalidConfigError, isSoftcrumError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
+import { boundedText } from "../payload.ts";
 import { consoleLogger, type Logger } from "../ports/logger.ts";
+import { guardedLogger, ObserverFailures } from "../ports/observers.ts";
 import { isStored, type PublishOptions, type QueuePort } from "../queue-port.ts";
 import { deferralDelayMs } from "../retry.ts";
+import { checkTimerPeriod, MAX_TIMER_DELAY_MS } from "../timers.ts";
 import { nonNegative, positiveInteger } from "../validate.ts";
 
 export interface OutboxRelayOptions {
@@ -43,12 +58,14 @@ export interface OutboxRelayOptions {
    * progress when it runs out counts as failed, the rows not reached stay
    * due (the batch's transaction, and its row locks, stay short). A publish
    * that still lands afterwards is published again later: a duplicate the
-   * consumer's fence absorbs. @default 10_000
+   * consumer's fence absorbs. At most 2^31 − 1 ms (a timer's limit). Behind
+   * a pooler with a transaction idle timeout of its own (PgBouncer's
+   * `idle_transaction_timeout`), keep it below that. @default 10_000
    */
   readonly publishTimeoutMs?: number;
-  /** How often `start()` looks for rows nobody woke it for (another process's, a failed publish's retry). @default 1_000 */
+  /** How often `start()` looks for rows nobody woke it for (another process's, a failed publish's retry). At most 2^31 − 1 ms. @default 1_000 */
   readonly pollIntervalMs?: number;
-  /** Published rows are kept this long (for inspection), then pruned by the running relay. @default 86_400_000 (24 h) */
+  /** Published rows are kept this long (for inspection), then pruned by the running relay. At most 100 years. @default 86_400_000 (24 h) */
   readonly keepPublishedMs?: number;
   /** @default console */
   readonly logger?: Logger;
@@ -61,6 +78,12 @@ export interface OutboxRelayReport {
   readonly published: number;
   /** Rows whose publish failed; each comes back after a backoff. */
   readonly failed: number;
+  /**
+   * Rows the transport refused for good (`InvalidEnvelopeError`,
+   * `InvalidConfigError`): parked, never published again by a relay until an
+   * operator releases them (`runbooks/outbox.md`).
+   */
+  readonly parked: number;
   /**
    * Rows the transport accepted without saying it stored them (a Vercel
    * 202); each is published again after a backoff.
@@ -107,10 +130,16 @@ class BatchTimeoutError extends Error {
 const UNCONFIRMED =
   "the transport accepted the message without confirming it is stored (a Vercel 202: stored later, or never); not confirmed, so it is published again after a backoff (a copy that was stored is a duplicate the consumer's fence absorbs)";
 
+/** Why a parked row waits (its `last_error` starts with it). */
+const PARKED =
+  "parked, not published again until released by hand (runbooks/outbox.md): the transport refuses it, and no retry changes that";
+
 /** Backoff of a row whose publish failed: from about a second, doubling, up to 5 minutes. */
 const FAILED_PUBLISH_BACKOFF = { baseMs: 1_000, capMs: 300_000 } as const;
 const PRUNE_EVERY_MS = 3_600_000;
 const PRUNE_BATCH = 5_000;
+/** The longest `keepPublishedMs`: `now() - keepPublishedMs` must stay a timestamp Postgres can hold. */
+const MAX_KEEP_PUBLISHED_MS = 100 * 365.25 * 86_400_000;
 
 interface DueRow {
   id: string;
@@ -132,6 +161,8 @@ class Relay implements OutboxRelay {
   readonly #publishTimeoutMs: number;
   readonly #pollIntervalMs: number;
   readonly #keepPublishedMs: number;
+  /** The batch transaction's `idle_in_transaction_session_timeout`, e.g. "11000ms". */
+  readonly #idleBound: string;
   readonly #logger: Logger;
   readonly #random: () => number;
   /** The tail of the chain of passes: each starts when the previous one settled. */
@@ -145,10 +176,21 @@ class Relay implements OutboxRelay {
     this.#db = options.db;
     this.#queue = options.queue;
     this.#batchSize = positiveInteger(options.batchSize ?? 100, "outbox relay batchSize");
-    this.#publishTimeoutMs = positiveInteger(options.publishTimeoutMs ?? 10_000, "outbox relay publishTimeoutMs");
-    this.#pollIntervalMs = positiveInteger(options.pollIntervalMs ?? 1_000, "outbox relay pollIntervalMs");
+    this.#publishTimeoutMs = timerMs(options.publishTimeoutMs ?? 10_000, "outbox relay publishTimeoutMs");
+    this.#pollIntervalMs = timerMs(options.pollIntervalMs ?? 1_000, "outbox relay pollIntervalMs");
     this.#keepPublishedMs = nonNegative(options.keepPublishedMs ?? 86_400_000, "outbox relay keepPublishedMs");
-    this.#logger = options.logger ?? consoleLogger;
+    if (this.#keepPublishedMs > MAX_KEEP_PUBLISHED_MS) {
+      throw new InvalidConfigError(
+        `outbox relay keepPublishedMs must be at most ${MAX_KEEP_PUBLISHED_MS} ms (100 years: prune() compares published_at with now() minus it, which Postgres must be able to hold), got ${this.#keepPublishedMs}`,
+      );
+    }
+    // The publishes' bound plus the engine's grace: the relay gives up first,
+    // on a live session; the server's bound is for a relay frozen or cut off.
+    // An integer setting: capped at its maximum, which is the timer's.
+    this.#idleBound = `${Math.min(serverTimeoutMs(this.#publishTimeoutMs), MAX_TIMER_DELAY_MS)}ms`;
+    // Observers never change an outcome: a logger that throws inside a batch
+    // would roll back the marks of rows already published.
+    this.#logger = guardedLogger(options.logger ?? consoleLogger, new ObserverFailures());
     this.#random = options.random ?? Math.random;
   }
 
@@ -218,6 +260,7 @@ class Relay implements OutboxRelay {
   async #pass(maxBatches: number | undefined): Promise<OutboxRelayReport> {
     let published = 0;
     let failed = 0;
+    let parked = 0;
     let unconfirmed = 0;
     let batches = 0;
     for (;;) {
@@ -226,18 +269,24 @@ class Relay implements OutboxRelay {
       batches += 1;
       published += batch.published;
       failed += batch.failed;
+      parked += batch.parked;
       unconfirmed += batch.unconfirmed;
       if (batch.locked < this.#batchSize || this.#stopped) break;
     }
-    return { published, failed, unconfirmed, batches };
+    return { published, failed, parked, unconfirmed, batches };
   }
 
   /**
    * One transaction: lock due rows, publish them one after another within
-   * one bound for all, mark what is stored, push back what is not.
+   * one bound for all, mark what is stored, push back what is not, park
+   * what the transport refuses for good.
    */
-  #batch(): Promise<{ locked: number; published: number; failed: number; unconfirmed: number }> {
+  #batch(): Promise<{ locked: number; published: number; failed: number; parked: number; unconfirmed: number }> {
     return this.#db.transaction(async (tx) => {
+      // No SQL goes out while the batch publishes: the session's idle bound
+      // (the role's, the database's) must not end the transaction before its
+      // marks. The relay's own, set for this transaction only (see the top).
+      await tx.execute(sql`select set_config('idle_in_transaction_session_timeout', ${this.#idleBound}, true)`);
       const rows = rowsOf<DueRow>(
         await tx.execute(sql`
           select id, queue, payload, target_consumer, attempts,
@@ -250,6 +299,7 @@ class Relay implements OutboxRelay {
       );
       const marked: { id: string; message_id: string | null }[] = [];
       const later: { row: DueRow; error: string; unconfirmed: boolean }[] = [];
+      const parked: { row: DueRow; error: string }[] = [];
       const until = performance.now() + this.#publishTimeoutMs;
       for (const row of rows) {
         const leftMs = until - performance.now();
@@ -259,7 +309,8 @@ class Relay implements OutboxRelay {
           if (isStored(receipt)) marked.push({ id: row.id, message_id: receipt.messageId });
           else later.push({ row, error: UNCONFIRMED, unconfirmed: true });
         } catch (thrown) {
-          later.push({ row, error: describeError(thrown).slice(0, LAST_ERROR_MAX), unconfirmed: false });
+          if (refusedForGood(thrown)) parked.push({ row, error: lastError(`${PARKED}: ${describeError(thrown)}`) });
+          else later.push({ row, error: lastError(describeError(thrown)), unconfirmed: false });
           if (thrown instanceof BatchTimeoutError) break; // it took what was left of the bound
         }
       }
@@ -277,6 +328,17 @@ class Relay implements OutboxRelay {
               available_at = clock_timestamp() + make_interval(secs => ${delayMs / 1000})
           where id = ${row.id}`);
       }
+      for (const { row, error } of parked) {
+        this.#logger.error(`outbox relay: row ${row.id} to "${row.queue}" parked: ${error}`, {
+          outboxId: row.id,
+          queue: row.queue,
+          attempts: row.attempts + 1,
+        });
+        await tx.execute(sql`
+          update core.outbox
+          set attempts = attempts + 1, last_error = ${error}, available_at = 'infinity'
+          where id = ${row.id}`);
+      }
       if (marked.length > 0) {
         await tx.execute(sql`
           update core.outbox o
@@ -285,7 +347,13 @@ class Relay implements OutboxRelay {
           where o.id = u.id`);
       }
       const unconfirmed = later.filter((l) => l.unconfirmed).length;
-      return { locked: rows.length, published: marked.length, failed: later.length - unconfirmed, unconfirmed };
+      return {
+        locked: rows.length,
+        published: marked.length,
+        failed: later.length - unconfirmed,
+        parked: parked.length,
+        unconfirmed,
+      };
     });
   }
 
@@ -306,5 +374,25 @@ class Relay implements OutboxRelay {
     } finally {
       clearTimeout(timer);
     }
+  }
+}
+
+/** A publish refusal no retry can change: the envelope or the port's settings (e.g. an envelope too large for the transport). */
+function refusedForGood(thrown: unknown): boolean {
+  return isSoftcrumError(thrown, "INVALID_ENVELOPE") || isSoftcrumError(thrown, "INVALID_CONFIG");
+}
+
+/** What `last_error` can hold: Postgres text refuses NUL (the UPDATE would fail, and with it the batch's marks). */
+function lastError(text: string): string {
+  return boundedText(text, LAST_ERROR_MAX) ?? "";
+}
+
+/** A whole number of ms a timer honours (longer ones become 1 ms), else an InvalidConfigError naming the option. */
+function timerMs(value: number, name: string): number {
+  positiveInteger(value, name);
+  try {
+    return checkTimerPeriod(name, value);
+  } catch (thrown) {
+    throw new InvalidConfigError(thrown instanceof Error ? thrown.message : String(thrown));
   }
 }

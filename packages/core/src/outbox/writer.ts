@@ -18,7 +18,7 @@ import { InvalidConfigError } from "../errors.ts";
 export interface OutboxPublishOptions {
   /**
    * Hold the job back this long, counted from the write (the relay publishes
-   * it with what is left of the delay). @default 0
+   * it with what is left of the delay). At most 100 years. @default 0
    */
   readonly delayMs?: number;
   /** Deliver only to this consumer of the queue (`PublishOptions.targetConsumer`). @default every consumer */
@@ -43,6 +43,11 @@ export interface Outbox {
 
 /** Same rule as consumer and queue names elsewhere in the core. */
 const QUEUE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$/;
+/**
+ * The longest `delayMs`: refused here, not by the INSERT (a timestamp out of
+ * Postgres's range), whose error would abort the caller's transaction.
+ */
+const MAX_DELAY_MS = 100 * 365.25 * 86_400_000;
 
 /**
  * The outbox of a transaction you opened yourself (an HTTP handler that
@@ -64,8 +69,10 @@ export function createOutboxWriter(tx: WorkTransaction | AnyPgDatabase, onWrite?
       }
       const valid = parseEnvelope(envelope);
       const delayMs = opts?.delayMs ?? 0;
-      if (!(Number.isFinite(delayMs) && delayMs >= 0)) {
-        throw new InvalidConfigError(`outbox: delayMs must be a non-negative number, got ${delayMs}`);
+      if (!(Number.isFinite(delayMs) && delayMs >= 0 && delayMs <= MAX_DELAY_MS)) {
+        throw new InvalidConfigError(
+          `outbox: delayMs must be a number of milliseconds from 0 to ${MAX_DELAY_MS} (100 years), got ${delayMs}`,
+        );
       }
       const target = opts?.targetConsumer;
       if (target !== undefined && (typeof target !== "string" || !QUEUE_PATTERN.test(target))) {
