@@ -94,6 +94,11 @@ export interface FakeReply {
    * message or `after` storing it (with status 201). Recorded as status 0.
    */
   readonly dropConnection?: "before" | "after";
+  /**
+   * Sends only, a 2xx status: answer this JSON body instead, storing nothing
+   * (a 200 `{}`, a 201 with an empty id: what a client must not read as stored).
+   */
+  readonly body?: unknown;
 }
 
 export interface FakeFaults {

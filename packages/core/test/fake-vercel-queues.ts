@@ -337,6 +337,10 @@ export async function startFakeVercelQueues(options: FakeVercelQueuesOptions = {
         record("", false, 202);
         return reply(res, 202, { status: "accepted" });
       }
+      if (fault?.body !== undefined) {
+        record("", false, fault.status);
+        return reply(res, fault.status, fault.body);
+      }
       if (fault && fault.status !== 202 && fault.status !== 201) {
         record("", false, fault.status);
         return replyFault(res, fault);

@@ -1,9 +1,10 @@
 /**
  * #19: every service answer on every path that republishes means one thing.
  * The original is acknowledged only when its successor is known stored (a
- * 201); anything else — a 202 stored later or never, a 429 with
- * Retry-After, a 5xx, no answer in time, a connection lost before or after
- * the message was stored — keeps the original (or, when the service is about
+ * 201 with an id); anything else — a 202 stored later or never, a 2xx
+ * without an id (nothing stored), a 429 with Retry-After, a 5xx, no answer
+ * in time, a connection lost before or after the message was stored —
+ * keeps the original (or, when the service is about
  * to drop it, writes its dead letter now), and a delivery the adapter kept
  * never counts as an attempt. Through the real SDK against the fake service,
  * push and poll, the first republish of each path answered each way.
@@ -30,6 +31,9 @@ const ANSWERS: readonly (readonly [string, FakeReply | undefined])[] = [
   ["201", undefined],
   ["202, stored later", { status: 202 }],
   ["202, never stored", { status: 202, store: false }],
+  // A 2xx that names no copy stored nothing: read as not known stored, like a 202, never as stored.
+  ["200 without an id", { status: 200, body: {} }],
+  ["201 with an empty id", { status: 201, body: { messageId: "" } }],
   ["429 with Retry-After", { status: 429, retryAfter: 30 }],
   ["500", { status: 500 }],
   ["502 consumer_discovery_failed", { status: 502, errorCode: "consumer_discovery_failed" }],

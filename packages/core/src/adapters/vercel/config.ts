@@ -38,6 +38,12 @@ export const ALERT_FLUSH_TIMEOUT_MS = 10_000;
 export const DIRECTIVE_TRIES = 3;
 /** Longest Retry-After a directive waits for within one delivery. */
 export const DIRECTIVE_MAX_RETRY_AFTER_S = 5;
+/**
+ * Taken off every lease of a delivery once the service refused one as
+ * reaching past the message's expiry (400): the adapter's clock behind the
+ * service's, or the request's latency.
+ */
+export const LEASE_SKEW_MARGIN_MS = 30_000;
 
 export interface VercelQueueOptions {
   /**

@@ -50,6 +50,31 @@ export async function keep(
   return action;
 }
 
+/**
+ * The acknowledgement of a delivery whose successor is known stored failed:
+ * the original comes back when its lease ends, with a higher count. It is
+ * recorded as a hold its successor has already taken over, so that comeback
+ * goes without running (the copy carries the job) and counts as nothing.
+ * Unrecorded (an incident), the comeback runs as the next attempt, and the
+ * fence absorbs whichever of the two runs second.
+ */
+export async function superseded(ctx: DeliveryContext, lane: Lane, message: QueueMessage): Promise<void> {
+  const holds = lane.consumer.holds;
+  if (holds === undefined) return;
+  const key = messageKey(lane.topic, message);
+  try {
+    await holds.record(key, message.deliveryCount);
+    await holds.succeeded(key, message.deliveryCount);
+  } catch (error) {
+    unrecorded(
+      ctx,
+      lane,
+      message,
+      `the acknowledgement of delivery ${message.deliveryCount} failed after the copy carrying its job was stored, and the hold that lets its comeback go could not be recorded (${describeError(error)}): its next delivery counts as an attempt`,
+    );
+  }
+}
+
 /** A hold that could not be recorded or read: the incident that says which delivery now counts as an attempt. */
 function unrecorded(ctx: DeliveryContext, lane: Lane, message: QueueMessage, text: string): void {
   ctx.incidents.report({

@@ -39,7 +39,8 @@
  * - config.ts: the service's limits and the adapter's, the options, and
  *   `resolveVercelQueueConfig`, which reads and checks them once;
  * - service.ts: the SDK's client and wire format: raw bytes, the lease API,
- *   errors read by name, and the send (201 stored, 202 not known stored);
+ *   errors read by name, and the send (201 with an id stored, any other
+ *   answer not known stored);
  * - incidents.ts: incidents (counted, logged, metrics, `onIncident`) and
  *   `onDelivery` listeners;
  * - lane.ts: a consumer bound to a delivery mode (`bindLane` and its checks),

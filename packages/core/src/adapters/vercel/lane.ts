@@ -50,7 +50,17 @@ export type Outcome = "done" | "skipped" | "not_acknowledged" | "directive_faile
 
 /** What a delivery ends with on the service. */
 export type Action =
-  | { readonly kind: "ack"; readonly event?: "ack" | "deferred"; readonly afterSeconds?: number }
+  | {
+      readonly kind: "ack";
+      readonly event?: "ack" | "deferred";
+      readonly afterSeconds?: number;
+      /**
+       * The job lives on in a copy known stored (201 with an id): should this
+       * acknowledgement fail, the original's comeback goes without running
+       * (holds.ts, `superseded`).
+       */
+      readonly superseded?: true;
+    }
   | { readonly kind: "visibility"; readonly seconds: number }
   | { readonly kind: "none" };
 

@@ -1,12 +1,13 @@
 import { eq } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
-import { useEffectsDatabase } from "../../../test/fixtures.ts";
+import { silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
 import { award, pointsFixture, random } from "../../../test/points-fixture.ts";
 import { useVercelHarnesses, type VercelHarness } from "../../../test/vercel-transport.ts";
 import { processedJobs } from "../../db/schema.ts";
 import { PermanentError } from "../../errors.ts";
 import { createOps } from "../../ops/index.ts";
 import { DEFAULT_RETRY_POLICY, retryDelayMs } from "../../retry.ts";
+import { createVercelQueue, type VercelIncident } from "./index.ts";
 import { toVercelTopic } from "./topics.ts";
 
 const pg = useEffectsDatabase("vercel-push");
@@ -151,5 +152,148 @@ describe("push mode (route handler)", () => {
     expect(await effectRows(consumer.name)).toHaveLength(1);
     expect(await pg.db.select().from(processedJobs).where(eq(processedJobs.consumer, consumer.name))).toHaveLength(1);
     expect((await letters(consumer.name)).map((r) => r.status)).toEqual(["replayed"]);
+  });
+});
+
+describe("the push route's lease confirmation", () => {
+  /**
+   * A route on its own adapter whose clock runs `skew.ms` behind the
+   * service's (NTP skew), subscribed to the consumer's topic; its incidents.
+   */
+  function skewedRoute(
+    h: VercelHarness,
+    consumer: ReturnType<typeof pointsConsumer>,
+    skew: { ms: number },
+    leaseRenewalMs?: number,
+  ) {
+    const seen: VercelIncident["kind"][] = [];
+    const queue = createVercelQueue({
+      ...h.fake.clientOptions(),
+      clock: { now: () => h.fake.clock.now() - skew.ms } as never,
+      logger: silentLogger,
+      env: {},
+      onIncident: (incident) => void seen.push(incident.kind),
+      ...(leaseRenewalMs !== undefined ? { leaseRenewalMs } : {}),
+    });
+    const topic = toVercelTopic(consumer.queue);
+    h.fake.subscribePush(topic, queue.pushHandler(bind(consumer)), { group: "route_skewed" });
+    return { topic, incidents: seen, close: () => queue.close() };
+  }
+  const leases = (h: VercelHarness) => h.fake.leaseCalls.map((c) => [c.method, c.visibilityTimeoutSeconds, c.status]);
+
+  test("a confirmation answered 500 runs nothing and is a recorded hold: the redelivery runs the job as attempt 1", async () => {
+    const h = await open("push");
+    const attempts: number[] = [];
+    const consumer = pointsConsumer((ctx) => void attempts.push(ctx.attempt));
+    h.subscribe(bind(consumer));
+    h.fake.failLeaseCalls(1, { method: "PATCH", status: 500 });
+    await h.queue.publish(consumer.queue, award());
+    await h.settle();
+    expect(h.fake.callbacks.map((c) => [c.deliveryCount, c.status])).toEqual([
+      [1, 500],
+      [2, 200],
+    ]);
+    // The service counted two deliveries; the handler ran once, and that was the job's first attempt.
+    expect(attempts).toEqual([1]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+  });
+
+  test("a confirmation refused 400 near the expiry (this clock 2 s behind the service's) is asked again with a margin off, and the job runs: not a forged callback", async () => {
+    const h = await open("push");
+    const attempts: number[] = [];
+    const consumer = pointsConsumer((ctx) => void attempts.push(ctx.attempt));
+    const route = skewedRoute(h, consumer, { ms: 2_000 });
+    try {
+      // 200 s of retention left: less than the 300 s lease the route asks for, so it asks up to the expiry.
+      h.fake.inject(route.topic, JSON.stringify(award()), { retentionSeconds: 200 });
+      await h.settle(86_400_000);
+      expect(leases(h)).toEqual([
+        ["PATCH", 202, 400], // up to the expiry by a clock 2 s behind: past it by the service's
+        ["PATCH", 172, 200], // the same less 30 s
+        ["DELETE", undefined, 204],
+      ]);
+      expect(attempts).toEqual([1]);
+      expect(await effectRows(consumer.name)).toHaveLength(1);
+      expect(route.incidents).toEqual([]);
+      expect(h.fake.drops).toEqual([]);
+    } finally {
+      await route.close();
+    }
+  });
+
+  test("a confirmation refused 400 again with the margin off (the message at its expiry): its dead letter holds the job, the service drops nothing unseen", async () => {
+    const h = await open("push");
+    let ran = 0;
+    const consumer = pointsConsumer(() => {
+      ran += 1;
+    });
+    // A clock a minute behind: even 30 s off the lease, it reaches past the expiry.
+    const route = skewedRoute(h, consumer, { ms: 60_000 });
+    try {
+      h.fake.inject(route.topic, JSON.stringify(award()), { retentionSeconds: 200 });
+      await h.settle(86_400_000);
+      expect(leases(h)).toEqual([
+        ["PATCH", 260, 400],
+        ["PATCH", 230, 400],
+        ["DELETE", undefined, 204],
+      ]);
+      expect(ran).toBe(0);
+      const rows = await letters(consumer.name);
+      expect(rows.map((r) => [r.errorClass, r.attempts, r.status])).toEqual([["expired", 0, "pending_review"]]);
+      expect(rows[0]?.lastError).toContain("the handler did not run");
+      expect(route.incidents).toEqual(["dead_lettered_before_drop"]);
+      expect(h.fake.drops).toEqual([]);
+    } finally {
+      await route.close();
+    }
+  });
+
+  test("a renewal refused 400 (this clock fell 2 s behind) is asked again with the margin off, not again and again until the expiry", async () => {
+    const h = await open("push");
+    const skew = { ms: 0 };
+    const consumer = pointsConsumer(async () => {
+      skew.ms = 2_000;
+      // Real time for a few renewals (every 100 ms); the service's clock stands still.
+      await new Promise((r) => setTimeout(r, 700));
+    });
+    const route = skewedRoute(h, consumer, skew, 100);
+    try {
+      h.fake.inject(route.topic, JSON.stringify(award()), { retentionSeconds: 200 });
+      await h.settle(86_400_000);
+      const patches = h.fake.leaseCalls.filter((c) => c.method === "PATCH");
+      expect(patches[0]).toMatchObject({ visibilityTimeoutSeconds: 200, status: 200 }); // the confirmation
+      expect(patches.filter((c) => c.status === 400).map((c) => c.visibilityTimeoutSeconds)).toEqual([202]);
+      // Every renewal after the refusal is asked 30 s short of the expiry, and taken.
+      const after = patches.slice(patches.findIndex((c) => c.status === 400) + 1);
+      expect(after.length).toBeGreaterThanOrEqual(2);
+      expect(after.every((c) => c.visibilityTimeoutSeconds === 172 && c.status === 200)).toBe(true);
+      expect(route.incidents).toEqual(["lease_renewal_failed"]);
+      expect(await effectRows(consumer.name)).toHaveLength(1);
+    } finally {
+      await route.close();
+    }
+  });
+
+  test("a callback without its expiry (no ce-vqsexpiresat) is confirmed under the full lease, counting the retention the adapter sends with, not a lease of 0 s", async () => {
+    const h = await open("push");
+    let ran = 0;
+    const consumer = pointsConsumer(() => {
+      ran += 1;
+    });
+    const route = h.queue.pushHandler(bind(consumer));
+    const withoutExpiry = (request: Request) => {
+      const headers = new Headers(request.headers);
+      headers.delete("ce-vqsexpiresat");
+      return route(
+        new Request(request.url, { method: "POST", headers, body: request.body, duplex: "half" } as RequestInit),
+      );
+    };
+    h.fake.subscribePush(toVercelTopic(consumer.queue), withoutExpiry, { group: "route_noexpiry" });
+    // Delivered two days after its send: past the SDK's own guess of a day's retention.
+    await h.queue.schedule(consumer.queue, award(), new Date(h.fake.clock.now() + 2 * 86_400_000));
+    await h.settle(3 * 86_400_000);
+    expect(ran).toBe(1);
+    expect(leases(h)[0]).toEqual(["PATCH", 300, 200]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
   });
 });

@@ -118,4 +118,33 @@ describe("push mode (route handler)", () => {
     expect(attempts).toEqual([1, 1]);
     expect(await effectRows(consumer.name)).toHaveLength(1);
   });
+
+  test("a deferral whose copy was stored but whose acknowledgement failed: the original's comeback goes without running, and the job runs once, from its copy, as attempt 1", async () => {
+    const h = await open("push");
+    const attempts: number[] = [];
+    // Rate limited for 10 minutes: the copy comes due after the original's comeback.
+    const consumer = pointsConsumer((ctx) => {
+      attempts.push(ctx.attempt);
+      if (attempts.length === 1) throw new RateLimitedError("partner 429", { retryAfterMs: 600_000 });
+    });
+    h.subscribe(bind(consumer));
+    await h.queue.publish(consumer.queue, award());
+    h.fake.failLeaseCalls(1, { method: "DELETE", status: 500 });
+    await h.fake.dispatch();
+    expect(h.fake.sends.map((x) => [x.status, x.delaySeconds])).toEqual([
+      [201, undefined],
+      [201, 600],
+    ]);
+    expect(h.fake.callbacks.map((c) => [c.deliveryCount, c.status])).toEqual([[1, 500]]);
+    await h.settle(86_400_000);
+    // The original came back (delivery 2) and was acknowledged without running: its job lives in the copy.
+    expect(h.fake.callbacks.map((c) => [c.deliveryCount, c.status])).toEqual([
+      [1, 500],
+      [2, 200],
+      [1, 200],
+    ]);
+    expect(attempts).toEqual([1, 1]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+    expect(h.fake.drops).toEqual([]);
+  });
 });

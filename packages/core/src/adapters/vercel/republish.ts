@@ -4,11 +4,14 @@
  * lease (a retry that spends its attempt and fits the lease and the
  * message's life), or republish a fresh copy and acknowledge the original.
  *
- * Which path reads which answer of its republish. Stored: 201 (an id). Not
- * known stored: 202 (no id), an error, or no answer within
+ * Which path reads which answer of its republish. Stored: 201 with an id
+ * (`VercelService.send`). Not known stored: 202, or any answer without an
+ * id (both "202" below), an error, or no answer within
  * `republishTimeoutMs`; a copy stored after all is a successor like any
  * other (its first delivery marks the hold of the original, holds.ts).
- * - hop (a message that came due before its time): stored → ack; not
+ * - hop (a message that came due before its time): stored → ack (should
+ *   the ack fail, its comeback goes without running: holds.ts,
+ *   `superseded`, as on every path that acks after a stored copy); not
  *   known stored → the original waits on its lease for the rest (a
  *   recorded hold), or, if the service would drop it first (its cap or its
  *   expiry), the dead letter now;
@@ -96,49 +99,16 @@ export class Republisher {
    * that a fresh copy carries it on, or its dead letter is written now.
    */
   async process(lane: Lane, message: QueueMessage, expiresAt: number): Promise<Processed> {
+    const read = await this.#read(lane, message);
+    if (read === "gone") return { action: { kind: "ack" } };
     const { consumer } = lane;
-    const bytes = message.payload;
-    const wrapper = this.#wrappers.read(bytes);
-    // Another consumer's copy (a deferral, a replay): this consumer has its own.
-    if (wrapper?.consumer !== undefined && wrapper.consumer !== consumer.name) return { action: { kind: "ack" } };
-    const body = wrapper ? wrapper.body : bytes;
+    const { wrapper, body, carried, delivery, key, deliveryCount } = read;
     const now = this.#clock.now();
-    const attemptsBefore = wrapper?.attemptsSpent ?? 0;
-    const deferrals = wrapper?.deferrals ?? 0;
-    // The consumer's replay topic carries only replays for it (a deferral of
-    // one is republished there, keeping the lane).
-    const replayLane = lane.topic === lane.replayTopic;
-    const replay = wrapper?.replay === true || replayLane;
-    const dueAt = wrapper?.dueAt ?? message.createdAt.getTime();
-    const carried: WrapperHead = {
-      consumer: consumer.name,
-      attemptsSpent: attemptsBefore,
-      deferrals,
-      dueAt,
-      ...(replay ? { replay: true } : {}),
-    };
+    const attemptsBefore = carried.attemptsSpent;
+    const deferrals = carried.deferrals;
     const last = message.deliveryCount >= lane.maxDeliveries;
     const fitsBefore = (waitSeconds: number) =>
       !last && this.#clock.now() + waitSeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
-    const key = messageKey(lane.topic, message);
-    // A copy republished from a delivery that was kept: its predecessor may go.
-    if (wrapper?.origin !== undefined) await successorArrived(this.#ctx, lane, message, wrapper.origin);
-    // Deliveries of this message the adapter kept without spending an attempt
-    // (the service counts every lease): they are not attempts (#19).
-    const kept = message.deliveryCount > 1 ? await keptBefore(this.#ctx, lane, message, key) : undefined;
-    // It was kept for a successor that has arrived since: the job lives on in that copy.
-    if (kept?.succeeded) return { action: { kind: "ack" } };
-
-    const deliveryCount = attemptsBefore + Math.max(1, message.deliveryCount - (kept?.holds ?? 0));
-    const delivery: Delivery = {
-      body,
-      deliveryCount,
-      messageId: message.messageId,
-      dueAt,
-      ...(wrapper?.consumer !== undefined || replayLane ? { targetConsumer: consumer.name } : {}),
-      ...(deferrals > 0 ? { deferrals } : {}),
-      ...(replay ? { replay: true } : {}),
-    };
 
     // A hop: came due before its time (a wait longer than one message holds).
     if (wrapper?.notBefore !== undefined && wrapper.notBefore > now + 1_000) {
@@ -150,7 +120,7 @@ export class Republisher {
       } catch (error) {
         answer = { error };
       }
-      if (answer === "stored") return { action: { kind: "ack" } };
+      if (answer === "stored") return { action: { kind: "ack", superseded: true } };
       // The next hop is not known stored (a 202, an error, no answer): this
       // one is kept — it waits on its lease and hops again (a copy stored
       // after all is a successor; the fence absorbs its run) — or, when the
@@ -159,7 +129,7 @@ export class Republisher {
       const kind = answer === "accepted" ? "republish_unconfirmed" : "republish_failed";
       const what =
         answer === "accepted"
-          ? `the service accepted the next hop of a message due in ${remaining} s without storing it yet (202)`
+          ? `the service accepted the next hop of a message due in ${remaining} s without storing it yet (202, or no id)`
           : `could not republish a message due in ${remaining} s (${describeError(answer.error)})`;
       const keepIt = fitsBefore(seconds);
       this.#incidents.report({
@@ -292,12 +262,86 @@ export class Republisher {
         action: await this.#deadLetterNow(lane, message, delivery, {
           errorClass: last ? "exhausted" : "expired",
           attempts: head.attemptsSpent,
-          error: `${result.error} (its redelivery copy was accepted without being stored (202), and the message ${last ? `is at its last permitted delivery (${lane.maxDeliveries})` : `expires at ${new Date(expiresAt).toISOString()}`}: dead-lettered rather than risk losing the job)`,
+          error: `${result.error} (its redelivery copy was accepted without being stored (202, or no id), and the message ${last ? `is at its last permitted delivery (${lane.maxDeliveries})` : `expires at ${new Date(expiresAt).toISOString()}`}: dead-lettered rather than risk losing the job)`,
         }),
         event: { ...event, result },
       };
     }
-    return { action: { kind: "ack", event: "deferred", afterSeconds }, event: { ...event, result } };
+    return { action: { kind: "ack", event: "deferred", afterSeconds, superseded: true }, event: { ...event, result } };
+  }
+
+  /**
+   * A push delivery whose lease the service would not confirm, twice, as
+   * reaching past the message's expiry (400: the route's clock behind the
+   * service's, or latency): the handler does not run on a lease it does not
+   * hold, and the service drops the message at its expiry, so its dead
+   * letter holds the job now (`expired`), as for any message the service
+   * would drop first. Never skipped unseen: a 400 is not a forged callback's
+   * answer (404/409).
+   */
+  async atExpiry(lane: Lane, message: QueueMessage, expiresAt: number, refusal: string): Promise<Processed> {
+    const read = await this.#read(lane, message);
+    if (read === "gone") return { action: { kind: "ack" } };
+    const notBefore = read.wrapper?.notBefore;
+    const due = notBefore !== undefined && notBefore > this.#clock.now() ? notBefore : undefined;
+    return {
+      action: await this.#deadLetterNow(lane, message, read.delivery, {
+        errorClass: "expired",
+        // This delivery did not run the handler: not an attempt.
+        attempts: read.deliveryCount - 1,
+        error: `${due !== undefined ? `scheduled for ${new Date(due).toISOString()}: ` : ""}the service refused to lease delivery ${message.deliveryCount} up to its expiry (${new Date(expiresAt).toISOString()} by the adapter's clock), even less a margin (${refusal}); the handler did not run, and the service drops the message at its expiry: dead-lettered rather than risk losing the job${due !== undefined ? " — replay it at or after its time" : ""}`,
+      }),
+    };
+  }
+
+  /**
+   * What a delivery carries: its wrapper, the body, the head a copy of it
+   * carries on, the delivery the harness is handed (its attempt counts every
+   * earlier delivery but the holds), and its name in the hold store. "gone":
+   * nothing to run — another consumer's copy, or a kept original whose
+   * successor has arrived.
+   */
+  async #read(lane: Lane, message: QueueMessage) {
+    const { consumer } = lane;
+    const bytes = message.payload;
+    const wrapper = this.#wrappers.read(bytes);
+    // Another consumer's copy (a deferral, a replay): this consumer has its own.
+    if (wrapper?.consumer !== undefined && wrapper.consumer !== consumer.name) return "gone" as const;
+    const body = wrapper ? wrapper.body : bytes;
+    const attemptsBefore = wrapper?.attemptsSpent ?? 0;
+    const deferrals = wrapper?.deferrals ?? 0;
+    // The consumer's replay topic carries only replays for it (a deferral of
+    // one is republished there, keeping the lane).
+    const replayLane = lane.topic === lane.replayTopic;
+    const replay = wrapper?.replay === true || replayLane;
+    const dueAt = wrapper?.dueAt ?? message.createdAt.getTime();
+    const carried: WrapperHead = {
+      consumer: consumer.name,
+      attemptsSpent: attemptsBefore,
+      deferrals,
+      dueAt,
+      ...(replay ? { replay: true } : {}),
+    };
+    const key = messageKey(lane.topic, message);
+    // A copy republished from a delivery that was kept: its predecessor may go.
+    if (wrapper?.origin !== undefined) await successorArrived(this.#ctx, lane, message, wrapper.origin);
+    // Deliveries of this message the adapter kept without spending an attempt
+    // (the service counts every lease): they are not attempts (#19).
+    const kept = message.deliveryCount > 1 ? await keptBefore(this.#ctx, lane, message, key) : undefined;
+    // It was kept for a successor that has arrived since: the job lives on in that copy.
+    if (kept?.succeeded) return "gone" as const;
+
+    const deliveryCount = attemptsBefore + Math.max(1, message.deliveryCount - (kept?.holds ?? 0));
+    const delivery: Delivery = {
+      body,
+      deliveryCount,
+      messageId: message.messageId,
+      dueAt,
+      ...(wrapper?.consumer !== undefined || replayLane ? { targetConsumer: consumer.name } : {}),
+      ...(deferrals > 0 ? { deferrals } : {}),
+      ...(replay ? { replay: true } : {}),
+    };
+    return { wrapper, body, carried, delivery, key, deliveryCount };
   }
 
   /**
@@ -337,7 +381,7 @@ export class Republisher {
       return this.#deadLetterNow(lane, message, delivery, {
         errorClass: last ? "exhausted" : "expired",
         attempts: head.attemptsSpent,
-        error: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and the service accepted its rescue copy without storing it (202): dead-lettered rather than risk losing the job`,
+        error: `delivery ${message.deliveryCount} was not acknowledged at ${why}, and the service accepted its rescue copy without storing it (202, or no id): dead-lettered rather than risk losing the job`,
       });
     }
     this.#incidents.report({
@@ -348,7 +392,7 @@ export class Republisher {
       message: `delivery ${message.deliveryCount} was not acknowledged at ${why}: republished with the ${head.attemptsSpent} attempts spent`,
       alert: false,
     });
-    return { kind: "ack" };
+    return { kind: "ack", superseded: true };
   }
 
   async #deadLetterNow(
@@ -383,7 +427,7 @@ export class Republisher {
   /**
    * Republishes a job for this consumer (a deferral, a hop, a rescue) with
    * `delaySeconds`, under an idempotency key of this delivery. "accepted":
-   * the service answered 202 (stored later, no id).
+   * the service answered without an id (a 202: stored later, or never).
    */
   async #republish(
     lane: Lane,

@@ -3,8 +3,8 @@
  * the part of the SDK's API client the lease lifecycle drives (`LeaseApi`,
  * `leaseApiOf`), how its answers are read by name (`errorName`, `leaseGone`,
  * `authFailure`), and the one send every publish and republish goes through,
- * which turns the SDK's answer into a `PublishReceipt`: 201 (an id) is
- * stored, 202 (no id) is not known stored.
+ * which turns the SDK's answer into a `PublishReceipt`: 201 with an id is
+ * stored; 202, or any answer without a non-empty id, is not known stored.
  */
 import { QueueClient, type Transport } from "@vercel/queue";
 import { InvalidConfigError, InvalidEnvelopeError } from "../../errors.ts";
@@ -132,7 +132,7 @@ export class VercelService {
         `a message of ${body.byteLength} bytes is beyond the ${this.#config.maxMessageBytes} bytes Vercel Queues carries`,
       ]);
     }
-    const { messageId } = await this.#client.send(topic, body, {
+    const answer: unknown = await this.#client.send(topic, body, {
       // Always the longest retention: a route or database outage shorter than
       // it loses nothing; the delay is counted within it.
       retentionSeconds: this.#config.retentionSeconds,
@@ -140,7 +140,12 @@ export class VercelService {
       // Only a key the caller chose: one derived from the job_id would swallow replays.
       ...(idempotencyKey !== undefined ? { idempotencyKey } : {}),
     });
-    // 201 answers the id; 202 ("accepted for deferred processing") none: not known stored.
-    return { messageId, stored: messageId !== null };
+    // Stored only when the service names the copy: 201 with an id. 202
+    // ("accepted for deferred processing") answers none, and any other 2xx
+    // without a non-empty id (the SDK passes a 200 `{}` or a 201 `""`
+    // through as it came) says nothing was stored: not known stored.
+    const messageId = (answer as { messageId?: unknown } | null)?.messageId;
+    const id = typeof messageId === "string" && messageId.length > 0 ? messageId : null;
+    return { messageId: id, stored: id !== null };
   }
 }
