@@ -2,6 +2,7 @@ import { fileURLToPath } from "node:url";
 import { runScript } from "@softcrum/testing";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
+import { uuidv7 } from "uuidv7";
 import { afterAll, beforeEach, describe, expect, test, vi } from "vitest";
 import { z } from "zod";
 import { effects, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
@@ -589,6 +590,18 @@ describe("the relay's bookkeeping holds whatever the session, the errors and the
     expect(await relay.run()).toMatchObject({ published: 1, parked: 0 });
     await queue.drain();
     expect(outcomes()).toEqual(["success", "success"]);
+  });
+
+  test("a row inserted by hand whose payload is not JSON is parked, not tried again forever", async () => {
+    const id = uuidv7();
+    await pg.sql`insert into core.outbox (id, queue, payload, job_id, kind)
+      values (${id}, ${NOTIFY_QUEUE}, '{"job_id": "cut off', ${uuidv7()}, 'partner.notify.v1')`;
+    const { queue } = notifyQueue();
+    const relay = createOutboxRelay({ db: pg.db, queue, logger: silentLogger, random: () => 0 });
+    expect(await passes(relay, 2)).toEqual(["published 0 failed 0 parked 1", "published 0 failed 0 parked 0"]);
+    const [row] = await pg.sql<{ parked: boolean; last_error: string }[]>`
+      select available_at = 'infinity' as parked, last_error from core.outbox where id = ${id}`;
+    expect(row).toEqual({ parked: true, last_error: expect.stringMatching(/^parked, .*payload is not JSON/) });
   });
 });
 

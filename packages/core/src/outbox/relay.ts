@@ -37,7 +37,8 @@ import { sql } from "drizzle-orm";
 import { LAST_ERROR_MAX } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
 import { serverTimeoutMs } from "../db/work-transaction.ts";
-import { describeError, InvalidConfigError, isSoftcrumError } from "../errors.ts";
+import type { Envelope } from "../envelope.ts";
+import { describeError, InvalidConfigError, InvalidEnvelopeError, isSoftcrumError } from "../errors.ts";
 import { rowsOf } from "../ops/operations.ts";
 import { boundedText } from "../payload.ts";
 import { consoleLogger, type Logger } from "../ports/logger.ts";
@@ -370,10 +371,23 @@ class Relay implements OutboxRelay {
     });
     try {
       // The payload was validated when it was written; the port validates it again.
-      return await Promise.race([this.#queue.publish(row.queue, JSON.parse(row.payload), opts), timeout]);
+      return await Promise.race([this.#queue.publish(row.queue, envelopeOf(row.payload), opts), timeout]);
     } finally {
       clearTimeout(timer);
     }
+  }
+}
+
+/**
+ * A row's envelope. A payload that is not JSON (a row inserted by hand: the
+ * writer stores only validated envelopes) is refused for good, like an
+ * invalid envelope, so it is parked rather than tried again forever.
+ */
+function envelopeOf(payload: string): Envelope {
+  try {
+    return JSON.parse(payload) as Envelope;
+  } catch (thrown) {
+    throw new InvalidEnvelopeError([`the outbox row's payload is not JSON (${describeError(thrown)})`]);
   }
 }
 
