@@ -4,13 +4,14 @@
  * dependency straining under it (#21 item 5). A check that cannot read its
  * signal says nothing: the next chunk reads again.
  */
+import { sql } from "drizzle-orm";
 import { pairsOf, reportedVersions, versionChange } from "../db/consumer-versions.ts";
 import type { ReplayBatchRow } from "../db/schema.ts";
 import type { AnyPgDatabase } from "../db/types.ts";
 import { sleep } from "../timers.ts";
 import type { BatchPolicy, SampleReport } from "./batch-input.ts";
 import { resolveReplayed, sampleReport, sampleStats } from "./batch-resolution.ts";
-import type { DeadLetterOperations } from "./operations.ts";
+import { type DeadLetterOperations, rowsOf } from "./operations.ts";
 import { BASELINE_WINDOW_MS, type ConsumerStrain, type StrainMonitor, strainReason } from "./strain.ts";
 
 type Db = Pick<AnyPgDatabase, "execute">;
@@ -107,4 +108,12 @@ export async function reviewSample(
   const go = await confirm(report).catch(() => false);
   if (go) return undefined;
   return `sample: ${report.items.length} of ${report.items.length} sample jobs resolved without failing again; reviewed, not continued: resume the batch to replay the other ${report.remaining}`;
+}
+
+/** Whether the batch is past its expiresAt by the database's clock (a runner's own may lag). */
+export async function expiredForDatabase(db: Pick<AnyPgDatabase, "execute">, id: string): Promise<boolean> {
+  const [row] = rowsOf<{ expired: boolean }>(
+    await db.execute(sql`select expires_at <= now() as expired from core.replay_batches where id = ${id}::uuid`),
+  );
+  return row?.expired === true;
 }

@@ -220,3 +220,12 @@ export type BatchAction =
   | "release"
   | "complete"
   | "expire";
+
+/**
+ * A batch's id as the audit records it: lower case, as the database prints
+ * a uuid, so `scope->>'batchId' = '<batch-id>'` finds the entries of a
+ * control given the id in upper case (the API accepts either).
+ */
+export function scopeId(id: unknown): unknown {
+  return typeof id === "string" ? id.toLowerCase() : id;
+}

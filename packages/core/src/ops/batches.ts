@@ -28,7 +28,14 @@ import {
 } from "../db/schema.ts";
 import { describeError, OpsError } from "../errors.ts";
 import { sleep } from "../timers.ts";
-import { awaitSample, reviewSample, stopBetweenChunks, strainBaseline, versionMoved } from "./batch-guards.ts";
+import {
+  awaitSample,
+  expiredForDatabase,
+  reviewSample,
+  stopBetweenChunks,
+  strainBaseline,
+  versionMoved,
+} from "./batch-guards.ts";
 import {
   type BatchAction,
   type BatchPolicy,
@@ -40,9 +47,10 @@ import {
   jsonFilter,
   MAX_BATCH_LETTERS,
   type RunOptions,
+  scopeId,
 } from "./batch-input.ts";
 import { recordItem, recoveryOf, resolveReplayed, unresolvedNow, viewOf } from "./batch-resolution.ts";
-import { type DeadLetterFilter, operatorSchema, parseInput, reasonSchema } from "./filters.ts";
+import { operatorSchema, parseInput, reasonSchema } from "./filters.ts";
 import { type BatchHalt, type DeadLetterOperations, filterConditions, operatorName, rowsOf } from "./operations.ts";
 import { batchConsumers, liveRatePerSecond, pacedRate } from "./pacing.ts";
 import { markAudited } from "./refusals.ts";
@@ -500,7 +508,7 @@ export class ReplayBatches {
         }
         // Expired by this runner's clock or by the database's (a lagging clock
         // must not run a batch past its expiresAt: the claims refuse it then).
-        if (batch.expiresAt.getTime() <= clock.now() || (await this.#expiredForDatabase(id))) {
+        if (batch.expiresAt.getTime() <= clock.now() || (await expiredForDatabase(this.#db, id))) {
           await drain();
           return await this.#finish(id, "expired", "expired before it finished", operator);
         }
@@ -620,16 +628,6 @@ export class ReplayBatches {
     }
   }
 
-  /** Whether the batch is past its expiresAt by the database's clock. */
-  async #expiredForDatabase(id: string): Promise<boolean> {
-    const [row] = rowsOf<{ expired: boolean }>(
-      await this.#db.execute(
-        sql`select expires_at <= now() as expired from core.replay_batches where id = ${id}::uuid`,
-      ),
-    );
-    return row?.expired === true;
-  }
-
   async #load(id: string): Promise<ReplayBatchRow> {
     const batchId = parseInput(z.uuid({ error: "must be a batch id (UUID)" }), id, "batch id");
     const [batch] = await this.#db.select().from(replayBatches).where(eq(replayBatches.id, batchId));
@@ -685,33 +683,4 @@ export class ReplayBatches {
     await this.#set(id, status === "completed" ? "complete" : "expire", { operator, reason });
     return this.get(id);
   }
-}
-
-// Moved by role (batch-input.ts, batch-resolution.ts); exported from here unchanged.
-export type {
-  BatchPolicy,
-  BatchProgress,
-  BatchView,
-  CreateBatchInput,
-  RunOptions,
-  SampleReport,
-} from "./batch-input.ts";
-export {
-  DEFAULT_BATCH_POLICY,
-  DEFAULT_MAX_DUPLICATE_RATE,
-  DEFAULT_RATE_FLOOR_PER_SECOND,
-  MAX_BATCH_LETTERS,
-  MAX_RATE_PER_SECOND,
-  MIN_RATE_PER_SECOND,
-} from "./batch-input.ts";
-export { RESOLVE_PAGE } from "./batch-resolution.ts";
-export type { DeadLetterFilter };
-
-/**
- * A batch's id as the audit records it: lower case, as the database prints
- * a uuid, so `scope->>'batchId' = '<batch-id>'` finds the entries of a
- * control given the id in upper case (the API accepts either).
- */
-function scopeId(id: unknown): unknown {
-  return typeof id === "string" ? id.toLowerCase() : id;
 }

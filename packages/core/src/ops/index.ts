@@ -1,12 +1,22 @@
 // `@softcrum/core/ops`: what Softcrum Ops uses to review, replay and discard
 // dead letters — the library, its HTTP handlers and the JWT authorizer.
-import { type BatchPolicy, ReplayBatches } from "./batches.ts";
+import type { BatchPolicy } from "./batch-input.ts";
+import { ReplayBatches } from "./batches.ts";
 import { DeadLetterOperations, type OpsDeps } from "./operations.ts";
 
 export type { Authorizer, JwtAuthorizerOptions, Principal } from "./auth.ts";
 export { APPROVER_ROLE, jwtAuthorizer, OPERATOR_ROLE } from "./auth.ts";
-export type { BatchPolicy, BatchProgress, BatchView, CreateBatchInput, RunOptions, SampleReport } from "./batches.ts";
-export { DEFAULT_BATCH_POLICY, RESOLVE_PAGE, ReplayBatches } from "./batches.ts";
+export type {
+  BatchPolicy,
+  BatchProgress,
+  BatchView,
+  CreateBatchInput,
+  RunOptions,
+  SampleReport,
+} from "./batch-input.ts";
+export { DEFAULT_BATCH_POLICY } from "./batch-input.ts";
+export { RESOLVE_PAGE } from "./batch-resolution.ts";
+export { ReplayBatches } from "./batches.ts";
 export type { CachedDepthOptions, DepthRow } from "./depth.ts";
 export { cachedDepth } from "./depth.ts";
 export type { DeadLetterFilter } from "./filters.ts";
