@@ -75,6 +75,16 @@ async function stateOf(c: DriverCase, envelopes: readonly Envelope[]) {
 
 const cases = MODES.flatMap((mode) => matrix.map((c) => [mode, c] as const));
 describe.each(cases)("%s handlers on %s", (mode, c) => {
+  /** `job` dead-lettered (permanent) by a delivery of its own, before the test's batch. */
+  async function deadLetterFirst(definition: BatchedDefinition, job: Envelope): Promise<void> {
+    const failing = bindConsumer(
+      { ...definition, handle: async () => Promise.reject(new PermanentError("closed")) },
+      { db: c.db(1), logger: silentLogger },
+    );
+    expect(await failing.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).toMatchObject({
+      outcome: "dead_lettered",
+    });
+  }
   const batched = batchedAs(mode);
   /** The concurrent run pipelines here: after a failure it is rolled back and every handler runs again. */
   const reruns = mode === "concurrent" && c.driver === "postgres.js";
@@ -309,13 +319,7 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
     const { definition, runs } = batched();
     const batch = jobs(8);
     const lettered = batch[4] as Envelope;
-    const failing = bindConsumer(
-      { ...definition, handle: async () => Promise.reject(new PermanentError("closed")) },
-      { db: c.db(1), logger: silentLogger },
-    );
-    expect(await failing.deliver({ body: JSON.stringify(lettered), deliveryCount: 1 })).toMatchObject({
-      outcome: "dead_lettered",
-    });
+    await deadLetterFirst(definition, lettered);
     const results = await together(bindConsumer(definition, { db: c.db(2), logger: silentLogger }), batch, 2);
     expect(results[4]).toMatchObject({ outcome: "dead_lettered", errorClass: "permanent" });
     expect(results.filter((r) => r.outcome === "success")).toHaveLength(7);
@@ -422,6 +426,39 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
       expect(await stateOf(c, batch)).toMatchObject({ effects: 3, fences: 3, transactions: 1 });
     });
 
+    test("a batch whose letter check meets a replay of one of its jobs' letters still committing waits for it and runs that job (the letter is no longer pending); the others commit", async () => {
+      const { definition, runs } = batched();
+      const batch = jobs(4);
+      const lettered = batch[1] as Envelope;
+      await deadLetterFirst(definition, lettered);
+      // A replay in flight: the letter leaves pending_review (its key goes), not committed yet.
+      const holder = c.db(1);
+      const held = latch();
+      const changed = latch();
+      const replaying = holder.transaction(async (tx) => {
+        await tx.execute(
+          sql`update core.dead_letters set status = 'replayed', status_changed_at = now(), status_changed_by = 'test'
+              where job_id = ${lettered.job_id}`,
+        );
+        changed.open();
+        await held.opened;
+      });
+      await changed.opened;
+      try {
+        const delivered = together(bindConsumer(definition, { db: c.db(2), logger: silentLogger }), batch);
+        await someoneWaitsOnALock(c);
+        held.open();
+        await replaying;
+        const results = await delivered;
+        expect(results.map((r) => r.outcome)).toEqual(Array(4).fill("success"));
+      } finally {
+        held.open();
+        await replaying.catch(() => {});
+      }
+      expect(runs.filter((n) => n === 2)).toHaveLength(1);
+      expect(await stateOf(c, batch)).toMatchObject({ effects: 4, fences: 4, letters: 0, transactions: 1 });
+    });
+
     // A job found with a pending letter never runs; the batch must not keep
     // that letter's key locked while its other handlers run.
     const withLetters = {
@@ -446,13 +483,7 @@ describe.each(cases)("%s handlers on %s", (mode, c) => {
         },
       "a fresh copy of a dead-lettered job (the letter under the fence key)": {
         async letter(_bound: BoundConsumer, definition: BatchedDefinition, job: Envelope) {
-          const failing = bindConsumer(
-            { ...definition, handle: async () => Promise.reject(new PermanentError("closed")) },
-            { db: c.db(1), logger: silentLogger },
-          );
-          expect(await failing.deliver({ body: JSON.stringify(job), deliveryCount: 1 })).toMatchObject({
-            outcome: "dead_lettered",
-          });
+          await deadLetterFirst(definition, job);
         },
         outcome: "dead_lettered",
         effects: 1,

@@ -47,14 +47,15 @@ import { Collector, type Job, Suspects } from "./batch-collector.ts";
 import {
   FENCES_SQL,
   FENCES_XID_SQL,
+  LETTERS_SQL,
   LOCKS_SQL,
-  letterCheck,
+  lockedLetterCheck,
   RELEASE,
   ROLLBACK_TO,
   SAVEPOINT,
   UNFENCE_SQL,
 } from "./batch-sql.ts";
-import { type Answer, type DriverConnection, Gate, type Statement } from "./driver.ts";
+import { type Answer, type DriverConnection, Gate, type Statement, sendInOrder } from "./driver.ts";
 import {
   BatchAbortedError,
   HandlerTimeoutError,
@@ -388,10 +389,12 @@ async function openBatch(run: Run, jobs: readonly Job[], settled: Settled[], end
   if (keys.length > 0) statements.push({ text: LOCKS_SQL, params: [keys] });
   const params = [jobs.map((j) => j.id), (jobs[0] as Job).target.consumer];
   const fencesAt = statements.push({ text: conn.provesByStatus ? FENCES_SQL : FENCES_XID_SQL, params }) - 1;
-  statements.push(...letterCheck(params));
+  statements.push({ text: LETTERS_SQL, params });
   const answers = await openWork(conn, openings, deadline, timeoutMs, statements, end);
   const rows = answers[fencesAt] ?? [];
-  const letterRows = answers[fencesAt + 2] ?? [];
+  let letterRows = answers[fencesAt + 1] ?? [];
+  // A key found: read again, waiting for a change of it in flight (LOCKED_LETTERS_SQL).
+  if (letterRows.length > 0) letterRows = await lockedLetters(run, params, end);
   const fences = new Map<string, Answer[number]>();
   for (const row of rows) fences.set(String(row["job_id"]), row);
   const letters = new Map<string, unknown>();
@@ -414,6 +417,31 @@ async function openBatch(run: Run, jobs: readonly Job[], settled: Settled[], end
     }
   });
   return { xid, unfence, toRun };
+}
+
+/**
+ * The batch's pending letters read again FOR SHARE, in a savepoint rolled
+ * back at once (`lockedLetterCheck`): only when the opening's read found a
+ * key. Part of the opening: bounded by the budget (past it the connection is
+ * destroyed), and any failure defers the batch (WorkNotStartedError).
+ */
+async function lockedLetters(run: Run, params: readonly unknown[], end: RunEnd): Promise<Answer> {
+  const { conn, deadline, timeoutMs } = run;
+  const checks = lockedLetterCheck(params);
+  try {
+    const sent = conn.pipelines
+      ? Promise.allSettled(checks.map((check) => conn.query(check)))
+      : sendInOrder(checks, (check) => conn.query(check));
+    const settled = await deadline.within(sent, () => {
+      end.state = "destroy";
+      conn.destroy();
+      return new StartTimeoutError(timeoutMs);
+    });
+    for (const s of settled) if (s.status === "rejected") throw s.reason;
+    return (settled[1] as PromiseFulfilledResult<Answer>).value;
+  } catch (error) {
+    throw new WorkNotStartedError(error);
+  }
 }
 
 /**
