@@ -1,6 +1,14 @@
+import fc from "fast-check";
 import { uuidv4, uuidv7 } from "uuidv7";
 import { describe, expect, test } from "vitest";
-import { checkEnvelope, createEnvelope, ENVELOPE_FIELD_MAX, jobCreatedAt, parseEnvelope } from "./envelope.ts";
+import {
+  checkEnvelope,
+  createEnvelope,
+  ENVELOPE_FIELD_MAX,
+  envelopeSchema,
+  jobCreatedAt,
+  parseEnvelope,
+} from "./envelope.ts";
 import { InvalidEnvelopeError, isSoftcrumError } from "./errors.ts";
 
 const valid = () => ({
@@ -89,4 +97,52 @@ test("jobCreatedAt reads the creation time out of a UUID v7", () => {
   const id = uuidv7();
   expect(jobCreatedAt(id)).toBeGreaterThanOrEqual(before);
   expect(jobCreatedAt(id)).toBeLessThanOrEqual(Date.now());
+});
+
+test("checkEnvelope gives the schema's answer for any input: the same envelope (keys, order, values) or a refusal (its plain-code check of the well-formed case never accepts what the schema refuses, nor changes what it returns)", () => {
+  const hex = fc.constantFrom(..."0123456789abcdefABCDEFg-");
+  const jobId = fc.oneof(
+    fc.constant(null).map(() => uuidv7()),
+    fc.constant(null).map(() => uuidv7().toUpperCase()),
+    fc.constant(null).map(() => uuidv4()),
+    fc.string({ unit: hex, minLength: 30, maxLength: 40 }),
+    fc.constant(null).map(() => `${uuidv7()}\n`),
+    fc.constant(null).map(() => ` ${uuidv7()}`),
+    fc.integer(),
+  );
+  const text = fc.oneof(
+    fc.string({ minLength: 0, maxLength: 3 }),
+    fc.string({ unit: fc.constantFrom("a", "Z", "0", ".", "_", ":", "-", " ", "é", "\n"), maxLength: 12 }),
+    fc.nat({ max: 3 }).map((extra) => "k".repeat(ENVELOPE_FIELD_MAX - 1 + extra)),
+    fc.constantFrom("points.award.v1", "-starts-with-dash", "a", ""),
+    fc.constantFrom(undefined, null, 5, true, ["a"], { a: 1 }),
+  );
+  const data = fc.oneof(fc.constant(undefined), fc.jsonValue());
+  const envelope = fc.record(
+    {
+      job_id: jobId,
+      tenant_id: text,
+      correlation_id: text,
+      kind: text,
+      data,
+      extra: fc.jsonValue(),
+    },
+    { requiredKeys: [] },
+  );
+  const input = fc.oneof(
+    { weight: 8, arbitrary: envelope },
+    { weight: 1, arbitrary: fc.constantFrom(null, 7, "text", [], [1], Object.create(null)) },
+  );
+  fc.assert(
+    fc.property(input, (value) => {
+      const schema = envelopeSchema.safeParse(value);
+      const check = checkEnvelope(value);
+      expect(check.ok).toBe(schema.success);
+      if (check.ok && schema.success) {
+        expect(Object.keys(check.envelope)).toEqual(Object.keys(schema.data));
+        expect(check.envelope).toStrictEqual(schema.data);
+      }
+    }),
+    { numRuns: 3_000 },
+  );
 });
