@@ -6,6 +6,7 @@ import { uuidv7 } from "uuidv7";
 import { afterAll, beforeEach, describe, expect, test, vi } from "vitest";
 import { z } from "zod";
 import { effects, silentLogger, useEffectsDatabase } from "../../test/fixtures.ts";
+import { latch } from "../../test/latch.ts";
 import { createMemoryQueue, type DeliveryEvent } from "../adapters/memory/index.ts";
 import { bindConsumer, defineConsumer } from "../consumer.ts";
 import { createEnvelope, type Envelope } from "../envelope.ts";
@@ -398,10 +399,11 @@ describe("the outbox relay", () => {
     expect(delayMs).toBeLessThanOrEqual(60_000);
   });
 
-  test("a started relay publishes rows committed elsewhere without being woken, until stopped (#9 item 3)", async () => {
+  /** A relay started by `begin` publishes a row another process commits, nobody waking it, until stopped. */
+  async function pollsWithoutWaking(begin: (relay: ReturnType<typeof createOutboxRelay>) => Promise<void>) {
     const { queue, outcomes } = notifyQueue();
     const relay = createOutboxRelay({ db: pg.db, queue, pollIntervalMs: 20, logger: silentLogger });
-    relay.start();
+    await begin(relay);
     try {
       // Another process's transaction: nobody wakes this relay for it.
       await connect("outbox-other-producer", 1).transaction((tx) =>
@@ -416,6 +418,54 @@ describe("the outbox relay", () => {
     }
     await queue.drain();
     expect(outcomes()).toEqual(["success"]);
+  }
+
+  test("a started relay publishes rows committed elsewhere without being woken, until stopped (#9 item 3)", async () => {
+    await pollsWithoutWaking(async (relay) => relay.start());
+  });
+
+  test("stop() waits for every pass, one asked for while it waited too: nothing publishes after stop() returned", async () => {
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, notification(1)));
+    const gates = [latch(), latch()];
+    const entered = [latch(), latch()];
+    const published: string[] = [];
+    let calls = 0;
+    const slow: Pick<QueuePort, "publish"> = {
+      async publish(_queue, payload) {
+        const n = calls++;
+        entered[n]?.open();
+        await gates[n]?.opened;
+        published.push(payload.job_id);
+        return { messageId: null, stored: true };
+      },
+    };
+    const relay = createOutboxRelay({ db: pg.db, queue: slow, logger: silentLogger });
+    const first = relay.run();
+    await entered[0]?.opened;
+    let stopped = false;
+    const stopping = relay.stop().then(() => {
+      stopped = true;
+    });
+    // A pass asked for while stop() waits (a commit's wake, a caller's run()).
+    await pg.db.transaction((tx) => outboxIn(tx).publish(NOTIFY_QUEUE, notification(2)));
+    const second = relay.run();
+    gates[0]?.open();
+    await first;
+    await entered[1]?.opened;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(stopped).toBe(false);
+    gates[1]?.open();
+    await stopping;
+    expect(await second).toMatchObject({ published: 1 });
+    expect(published).toHaveLength(2);
+  });
+
+  test("a relay started again after stop() polls again", async () => {
+    await pollsWithoutWaking(async (relay) => {
+      relay.start();
+      await relay.stop();
+      relay.start();
+    });
   });
 
   test("prune deletes published rows past the retention and keeps unpublished ones (#9 item 3)", async () => {

@@ -109,9 +109,13 @@ export interface OutboxRelay {
    * the outbox commits (`HarnessDeps.outboxRelay`). Never throws.
    */
   wake(): void;
-  /** Polls every `pollIntervalMs` (and prunes published rows now and then) until `stop()`. */
+  /** Polls every `pollIntervalMs` (and prunes published rows now and then) until `stop()`; again after a `stop()`. */
   start(): void;
-  /** Stops polling and waking, and waits for the pass in progress. */
+  /**
+   * Stops polling and waking, and waits for the pass in progress and for any
+   * pass asked for while it waits (a `run()`), so nothing publishes once it
+   * returned — unless `start()` was called again meanwhile.
+   */
   stop(): Promise<void>;
   /** Deletes published rows older than `keepPublishedMs`, in bounded batches; returns how many. */
   prune(): Promise<number>;
@@ -211,7 +215,8 @@ class Relay implements OutboxRelay {
   }
 
   start(): void {
-    if (this.#stopped || this.#timer) return;
+    if (this.#timer) return;
+    this.#stopped = false;
     this.#timer = setInterval(() => {
       this.wake();
       if (Date.now() - this.#lastPrune >= PRUNE_EVERY_MS) {
@@ -229,7 +234,12 @@ class Relay implements OutboxRelay {
     this.#stopped = true;
     if (this.#timer) clearInterval(this.#timer);
     this.#timer = undefined;
-    await this.#tail;
+    // A pass enqueued while this waited extends the chain: wait for it too.
+    for (;;) {
+      const tail = this.#tail;
+      await tail;
+      if (tail === this.#tail || !this.#stopped) return;
+    }
   }
 
   async prune(): Promise<number> {
