@@ -20,6 +20,41 @@ const directives = (h: VercelHarness) =>
 
 const open = useVercelHarnesses();
 
+describe("a callback that does not say which delivery it is", () => {
+  // The SDK reads ce-vqsdeliverycount with parseInt and leaves it out when
+  // the header is missing: the adapter cannot tell a first delivery from the
+  // service's last one before its cap drops the message.
+  test.each([
+    ["missing", undefined],
+    ["not a number", "many"],
+    ["zero", "0"],
+  ])(
+    "ce-vqsdeliverycount %s: a failing job is retried in copies that carry its attempts, and dead-lettered after the last one, never left to the service's cap",
+    async (_, header) => {
+      const h = await open("push", { maxDeliveries: 7 });
+      const attempts: number[] = [];
+      const consumer = pointsConsumer((ctx) => {
+        attempts.push(ctx.attempt);
+        throw new Error("partner down");
+      });
+      const route = h.queue.pushHandler(bind(consumer), { maxDeliveries: 7 });
+      const withHeader = async (request: Request) => {
+        const headers = new Headers(request.headers);
+        if (header === undefined) headers.delete("ce-vqsdeliverycount");
+        else headers.set("ce-vqsdeliverycount", header);
+        return route(new Request(request.url, { method: "POST", headers, body: await request.arrayBuffer() }));
+      };
+      h.fake.subscribePush(toVercelTopic(consumer.queue), withHeader, { group: "route_count", maxDeliveries: 7 });
+      await h.queue.publish(consumer.queue, award());
+      await h.settle(24 * 3_600_000);
+      expect(attempts).toEqual([1, 2, 3, 4, 5]);
+      const [letter] = await letters(consumer.name);
+      expect(letter).toMatchObject({ errorClass: "exhausted", attempts: 5, status: "pending_review" });
+      expect(await effectRows(consumer.name)).toHaveLength(0);
+    },
+  );
+});
+
 describe("push mode (route handler)", () => {
   test("a transient failure answers with a visibility change of the harness's backoff, and the retry then succeeds", async () => {
     const h = await open("push");

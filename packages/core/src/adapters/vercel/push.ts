@@ -59,7 +59,8 @@ async function handlePush(ctx: ModeContext, bound: Lane, request: Request): Prom
       const payload = await rawTransport.deserialize(callback.rawBody);
       const message: QueueMessage = {
         messageId: callback.messageId,
-        deliveryCount: callback.deliveryCount ?? 1,
+        // Unsaid (no header): not a count; the adapter then never waits on the service's redelivery.
+        deliveryCount: callback.deliveryCount ?? Number.NaN,
         createdAt: callback.createdAt ? new Date(callback.createdAt) : new Date(ctx.clock.now()),
         expiresAt: callback.expiresAt ? new Date(callback.expiresAt) : undefined,
         receiptHandle: callback.receiptHandle,

@@ -38,7 +38,7 @@ import {
 import { keep, keptBefore, messageKey, sha256, successorArrived } from "./holds.ts";
 import type { Incidents } from "./incidents.ts";
 import type { Action, DeliveryContext, Lane, Processed } from "./lane.ts";
-import type { QueueMessage, VercelService } from "./service.ts";
+import { knownDeliveryCount, type QueueMessage, type VercelService } from "./service.ts";
 import type { VercelIncident } from "./types.ts";
 import type { WrapperCodec, WrapperHead } from "./wrapper.ts";
 
@@ -75,6 +75,24 @@ function republishKey(parts: {
   return `softcrum-deferral:${sha256(identity)}`;
 }
 
+/**
+ * Whether the service may drop the message after this delivery: its last
+ * permitted one, or one whose number the service did not say (then no
+ * delivery can be told from the last, so the adapter never leaves the job
+ * to the service's redelivery: a retry or a deferral goes in a fresh copy
+ * that carries the attempts spent).
+ */
+function mayBeLast(lane: Lane, message: QueueMessage): boolean {
+  const count = knownDeliveryCount(message);
+  return count === undefined || count >= lane.maxDeliveries;
+}
+
+function lastText(lane: Lane, message: QueueMessage): string {
+  return knownDeliveryCount(message) === undefined
+    ? "a delivery whose number the service did not say (it may be the last permitted one)"
+    : `its last permitted delivery (${lane.maxDeliveries})`;
+}
+
 export class Republisher {
   readonly #ctx: DeliveryContext;
   readonly #config: VercelQueueConfig;
@@ -106,7 +124,7 @@ export class Republisher {
     const now = this.#clock.now();
     const attemptsBefore = carried.attemptsSpent;
     const deferrals = carried.deferrals;
-    const last = message.deliveryCount >= lane.maxDeliveries;
+    const last = mayBeLast(lane, message);
     const fitsBefore = (waitSeconds: number) =>
       !last && this.#clock.now() + waitSeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
 
@@ -145,7 +163,7 @@ export class Republisher {
         action: await this.#deadLetterNow(lane, message, delivery, {
           errorClass: last ? "exhausted" : "expired",
           attempts: attemptsBefore,
-          error: `scheduled for ${new Date(notBefore).toISOString()}: ${what}, and the service would drop this message ${last ? `after its last permitted delivery (${lane.maxDeliveries})` : `at its expiry (${new Date(expiresAt).toISOString()})`}; dead-lettered rather than risk losing the job — replay it at or after its time`,
+          error: `scheduled for ${new Date(notBefore).toISOString()}: ${what}, and the service would drop this message ${last ? `after ${lastText(lane, message)}` : `at its expiry (${new Date(expiresAt).toISOString()})`}; dead-lettered rather than risk losing the job — replay it at or after its time`,
         }),
       };
     }
@@ -327,11 +345,14 @@ export class Republisher {
     if (wrapper?.origin !== undefined) await successorArrived(this.#ctx, lane, message, wrapper.origin);
     // Deliveries of this message the adapter kept without spending an attempt
     // (the service counts every lease): they are not attempts (#19).
-    const kept = message.deliveryCount > 1 ? await keptBefore(this.#ctx, lane, message, key) : undefined;
+    const count = knownDeliveryCount(message);
+    const kept = count !== undefined && count > 1 ? await keptBefore(this.#ctx, lane, message, key) : undefined;
     // It was kept for a successor that has arrived since: the job lives on in that copy.
     if (kept?.succeeded) return "gone" as const;
 
-    const deliveryCount = attemptsBefore + Math.max(1, message.deliveryCount - (kept?.holds ?? 0));
+    // A count the service did not say: this copy's first delivery (every
+    // later one is a fresh copy carrying the attempts: mayBeLast).
+    const deliveryCount = attemptsBefore + Math.max(1, (count ?? 1) - (kept?.holds ?? 0));
     const delivery: Delivery = {
       body,
       deliveryCount,
@@ -357,10 +378,10 @@ export class Republisher {
     body: string | Uint8Array,
     delivery: Delivery,
   ): Promise<Action> {
-    const last = message.deliveryCount >= lane.maxDeliveries;
+    const last = mayBeLast(lane, message);
     const comesBack = this.#clock.now() + lane.redeliverySeconds * 1000 + EXPIRY_MARGIN_MS <= expiresAt;
     if (!last && comesBack) return { kind: "none" };
-    const why = last ? `its last permitted delivery (${lane.maxDeliveries})` : "its expiry";
+    const why = last ? lastText(lane, message) : "its expiry";
     let stored: "stored" | "accepted";
     try {
       stored = await this.#republish(lane, message, head, body, lane.redeliverySeconds);

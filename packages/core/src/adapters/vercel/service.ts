@@ -34,6 +34,17 @@ export function errorName(error: unknown): string {
 export const leaseGone = (error: unknown) =>
   errorName(error) === "MessageNotFoundError" || errorName(error) === "MessageNotAvailableError";
 
+/**
+ * The message's delivery number as the service counts them, or undefined
+ * when it did not say: the SDK leaves a missing ce-vqsdeliverycount out of
+ * a push callback, reads a missing Vqs-Delivery-Count as 0, and parses
+ * either with parseInt (NaN for anything else).
+ */
+export function knownDeliveryCount(message: Pick<QueueMessage, "deliveryCount">): number | undefined {
+  const count = message.deliveryCount;
+  return Number.isSafeInteger(count) && count >= 1 ? count : undefined;
+}
+
 export const authFailure = (error: unknown) =>
   errorName(error) === "UnauthorizedError" ||
   errorName(error) === "ForbiddenError" ||
@@ -42,6 +53,7 @@ export const authFailure = (error: unknown) =>
 /** A received message as the SDK's API client returns it. */
 export interface QueueMessage {
   readonly messageId: string;
+  /** The service's count of this message's deliveries; read with `knownDeliveryCount`. */
   readonly deliveryCount: number;
   readonly createdAt: Date;
   readonly expiresAt?: Date | undefined;
