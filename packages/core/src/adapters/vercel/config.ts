@@ -78,6 +78,8 @@ export interface VercelQueueOptions {
    * republishes (a deferral, a hop, a rescue) before it takes the copy as
    * not stored and keeps the original (a copy stored after all is a
    * successor like any other). The SDK's send has no timeout of its own.
+   * Also how long a delivery's directive (its acknowledgement or visibility
+   * change) waits for a lease renewal still in flight.
    * @default 10_000 (1_000..60_000)
    */
   readonly republishTimeoutMs?: number;

@@ -9,6 +9,7 @@
 import type { Clock } from "../../clock.ts";
 import { describeError } from "../../errors.ts";
 import type { Logger } from "../../ports/logger.ts";
+import { withinMs } from "../../timers.ts";
 import {
   DIRECTIVE_MAX_RETRY_AFTER_S,
   DIRECTIVE_TRIES,
@@ -224,7 +225,17 @@ export class LeaseRunner {
       clearTimeout(timer);
       // A renewal already sent must finish before the directive, or it could
       // land after it and move the lease back to the full visibility timeout.
-      await renewal;
+      // One the service never answers must not hold the delivery for ever
+      // (its directive never sent, a push route kept until the platform ends
+      // it): past the bound of the adapter's own calls, the directive goes.
+      if (renewal !== undefined) {
+        const bound = this.#config.republishTimeoutMs;
+        await withinMs(renewal, bound, () => new Error(`no answer within ${bound} ms`)).catch((error: unknown) =>
+          incident(
+            `a lease renewal still in flight did not finish (${describeError(error)}): the delivery's directive goes without it; if the renewal lands later, the message may come back later than asked`,
+          ),
+        );
+      }
     }
   }
 

@@ -1,6 +1,7 @@
 import { eq } from "drizzle-orm";
 import { describe, expect, test } from "vitest";
 import { silentLogger, useEffectsDatabase } from "../../../test/fixtures.ts";
+import { latch } from "../../../test/latch.ts";
 import { award, pointsFixture, random } from "../../../test/points-fixture.ts";
 import { useVercelHarnesses, type VercelHarness } from "../../../test/vercel-transport.ts";
 import { processedJobs } from "../../db/schema.ts";
@@ -53,6 +54,41 @@ describe("a callback that does not say which delivery it is", () => {
       expect(await effectRows(consumer.name)).toHaveLength(0);
     },
   );
+});
+
+test("a lease renewal the service never answers does not hold the delivery: its directive (the acknowledgement) goes once the renewal's bound is out", async () => {
+  const hung = latch();
+  let patches = 0;
+  const h = await open("push", {
+    leaseRenewalMs: 50,
+    republishTimeoutMs: 1_000,
+    fake: {
+      faults: {
+        // The route's confirmation is the first PATCH; the renewal, the second, never answers.
+        leaseCall: (call) =>
+          call.method === "PATCH" && ++patches === 2 ? hung.opened.then(() => undefined) : undefined,
+      },
+    },
+  });
+  const consumer = pointsConsumer(() => new Promise((resolve) => setTimeout(resolve, 300)));
+  h.subscribe(bind(consumer));
+  await h.queue.publish(consumer.queue, award());
+  try {
+    let timer: NodeJS.Timeout | undefined;
+    const outcome = await Promise.race([
+      h.fake.dispatch().then(() => "dispatched"),
+      new Promise((resolve) => {
+        timer = setTimeout(resolve, 8_000, "still waiting on the renewal");
+      }),
+    ]);
+    clearTimeout(timer);
+    expect(outcome).toBe("dispatched");
+    expect(patches).toBeGreaterThanOrEqual(2);
+    expect(h.fake.leaseCalls.filter((c) => c.method === "DELETE").map((c) => c.status)).toEqual([204]);
+    expect(await effectRows(consumer.name)).toHaveLength(1);
+  } finally {
+    hung.open();
+  }
 });
 
 describe("push mode (route handler)", () => {
