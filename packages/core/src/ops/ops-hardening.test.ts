@@ -154,6 +154,20 @@ describe("claim transaction under a REPEATABLE READ database default", () => {
   });
 });
 
+/** A batch as `core.ops_create_batch` takes it, made by hand. */
+function batchRow(id: string) {
+  return {
+    id,
+    filter: {},
+    reason: "by hand",
+    rate_per_second: 1,
+    batch_size: 10,
+    max_failure_rate: 0.2,
+    max_duplicate_rate: 0.5,
+    expires_at: new Date(Date.now() + 3_600_000).toISOString(),
+  };
+}
+
 describe("roles", () => {
   test("the HTTP API's login cannot rewrite an existing audit row behind the functions", async () => {
     const id = uuidv7();
@@ -175,16 +189,7 @@ describe("roles", () => {
     const batchIds: string[] = [];
     for (const part of [ids.slice(0, 100), ids.slice(100)]) {
       const id = uuidv7();
-      const row = {
-        id,
-        filter: {},
-        reason: "by hand",
-        rate_per_second: 1,
-        batch_size: 10,
-        max_failure_rate: 0.2,
-        max_duplicate_rate: 0.5,
-        expires_at: new Date(Date.now() + 3_600_000).toISOString(),
-      };
+      const row = batchRow(id);
       // Each batch alone is at the ceiling, not over it: made "ready".
       await asAna`select core.ops_create_batch(${asAna.json(row)}::jsonb, null, false, ${part}::uuid[], 0)`;
       batchIds.push(id);
@@ -203,6 +208,30 @@ describe("roles", () => {
     const [count] = await pg.sql<{ n: number }[]>`select core.ops_unapproved_replays(${ANA}) as n`;
     // Neither ana's requests nor bo's login may pass 100 unapproved replays in 24 h.
     expect({ claimed, anaUnapproved: count?.n }).toEqual({ claimed: 100, anaUnapproved: 100 });
+  });
+
+  test("a running batch's letter is claimed only under the runner that leases the batch: by hand without it, refused", async () => {
+    const ids = await letters(2);
+    const asAna = loginAs(ANA);
+    const asBo = loginAs(BO);
+    const batchId = uuidv7();
+    const row = batchRow(batchId);
+    await asAna`select core.ops_create_batch(${asAna.json(row)}::jsonb, null, false, ${ids}::uuid[], 0)`;
+    await asAna`select core.ops_batch_set(${batchId}::uuid, 'lease', null, null, 'R', null, 60000)`;
+    // Past the runner: its pacing, its sample gate and its stop conditions.
+    const byHand = await asBo`
+      select queue from core.ops_claim_letter(${ids[0] as string}::uuid, null, 'by hand', ${batchId}::uuid, null)`.then(
+      () => "claimed",
+      (error: { code?: string }) => error.code,
+    );
+    expect(byHand).toBe("55000");
+    const [left] = await pg.sql<{ n: number }[]>`
+      select count(*)::int as n from core.dead_letters where id = any(${ids}::uuid[]) and status = 'pending_review'`;
+    expect(left?.n).toBe(2);
+    // Under the runner that leases it, the claim goes.
+    const byRunner = await asAna`
+      select queue from core.ops_claim_letter(${ids[1] as string}::uuid, null, 'batch', ${batchId}::uuid, 'R')`;
+    expect(byRunner).toHaveLength(1);
   });
 });
 

@@ -562,8 +562,17 @@ describe("two runners on one batch never miscount (#10 item 9)", () => {
     const slow = createOps({ db: pg.db, replay: slowReplay(inProcessReplay(queue), 300) });
     // The database lets a batch claim only its own letters while it runs.
     const { id: batchId } = await ops.batches.create({ operator: "ana", reason: "x", ratePerSecond: 1 });
-    await pg.db.execute(sql`update core.replay_batches set status = 'running' where id = ${batchId}`);
-    const winner = slow.deadLetters.replayOne(id as string, { operator: "ana", reason: "x", batchId });
+    // …under the runner that leases it (migration 0034).
+    await pg.db.execute(
+      sql`update core.replay_batches set status = 'running', lease_owner = 'R', lease_expires_at = now() + interval '1 minute'
+          where id = ${batchId}`,
+    );
+    const winner = slow.deadLetters.replayOne(id as string, {
+      operator: "ana",
+      reason: "x",
+      batchId,
+      guard: { runner: "R", deadline: null },
+    });
     await new Promise((r) => setTimeout(r, 100)); // the winner holds the letter, publishing
     const loser = await ops.deadLetters.replayOne(id as string, { operator: "bo", reason: "y", batchId: null });
     expect(await winner).toEqual({ outcome: "replayed" });
