@@ -7,6 +7,7 @@ import { useTestDatabase } from "@softcrum/testing";
 import postgres from "postgres";
 import { uuidv7 } from "uuidv7";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { replayBatchRow } from "../../test/replay-batch-row.ts";
 import { createEnvelope } from "../envelope.ts";
 
 const pg = useTestDatabase("approval-ceiling");
@@ -64,16 +65,7 @@ describe("the database holds the two-person ceiling of 100 unapproved replays a 
 
     // A batch made by hand as "ready" (no approval needed, says the caller) waits for approval.
     const id = uuidv7();
-    const row = {
-      id,
-      filter: {},
-      reason: "by hand",
-      rate_per_second: 1,
-      batch_size: 10,
-      max_failure_rate: 0.2,
-      max_duplicate_rate: 0.5,
-      expires_at: new Date(Date.now() + 3_600_000).toISOString(),
-    };
+    const row = replayBatchRow(id);
     await asOperator`select core.ops_create_batch(${asOperator.json(row)}::jsonb, null, false, ${[next as string]}::uuid[], 0)`;
     const [batch] = await pg.sql<{ status: string; requested_by: string }[]>`
       select status, requested_by from core.replay_batches where id = ${id}`;

@@ -15,6 +15,7 @@ import { SignJWT } from "jose";
 import postgres from "postgres";
 import { uuidv7 } from "uuidv7";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
+import { replayBatchRow } from "../../test/replay-batch-row.ts";
 import { createManualClock } from "../clock.ts";
 import { createEnvelope } from "../envelope.ts";
 import type { PublishReceipt } from "../queue-port.ts";
@@ -154,20 +155,6 @@ describe("claim transaction under a REPEATABLE READ database default", () => {
   });
 });
 
-/** A batch as `core.ops_create_batch` takes it, made by hand. */
-function batchRow(id: string) {
-  return {
-    id,
-    filter: {},
-    reason: "by hand",
-    rate_per_second: 1,
-    batch_size: 10,
-    max_failure_rate: 0.2,
-    max_duplicate_rate: 0.5,
-    expires_at: new Date(Date.now() + 3_600_000).toISOString(),
-  };
-}
-
 describe("roles", () => {
   test("the HTTP API's login cannot rewrite an existing audit row behind the functions", async () => {
     const id = uuidv7();
@@ -189,7 +176,7 @@ describe("roles", () => {
     const batchIds: string[] = [];
     for (const part of [ids.slice(0, 100), ids.slice(100)]) {
       const id = uuidv7();
-      const row = batchRow(id);
+      const row = replayBatchRow(id);
       // Each batch alone is at the ceiling, not over it: made "ready".
       await asAna`select core.ops_create_batch(${asAna.json(row)}::jsonb, null, false, ${part}::uuid[], 0)`;
       batchIds.push(id);
@@ -215,7 +202,7 @@ describe("roles", () => {
     const asAna = loginAs(ANA);
     const asBo = loginAs(BO);
     const batchId = uuidv7();
-    const row = batchRow(batchId);
+    const row = replayBatchRow(batchId);
     await asAna`select core.ops_create_batch(${asAna.json(row)}::jsonb, null, false, ${ids}::uuid[], 0)`;
     await asAna`select core.ops_batch_set(${batchId}::uuid, 'lease', null, null, 'R', null, 60000)`;
     // Past the runner: its pacing, its sample gate and its stop conditions.
